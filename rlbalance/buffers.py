@@ -1,0 +1,134 @@
+"""Preallocated rollout buffers and per-actor step slots, in shared memory.
+
+Bulk data (observations, actions, logits, rewards) lives in tensors allocated once, before any
+actor starts, and shared with the actor processes (torch's file-descriptor strategy: the segments
+are unlinked at creation, so nothing is left in /dev/shm even after kill -9). Only buffer indices
+and one-byte flags cross process boundaries afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from .envs import EnvSpec
+
+_TORCH_DTYPE = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float32): torch.float32,
+                np.dtype(np.float64): torch.float32, np.dtype(np.int64): torch.float32}
+
+
+def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
+    return _TORCH_DTYPE.get(np.dtype(np_dtype), torch.float32)
+
+
+@dataclass
+class RolloutBuffers:
+    """``n`` unroll buffers, each [T+1, K]; row t holds x_t, a_t, behaviour logits, r_t, done_t."""
+
+    obs: torch.Tensor       # [n, T+1, K, *obs_shape]
+    action: torch.Tensor    # [n, T+1, K] int64
+    logits: torch.Tensor    # [n, T+1, K, A] float32
+    reward: torch.Tensor    # [n, T+1, K] float32
+    done: torch.Tensor      # [n, T+1, K] bool: the episode (for learning) ended after a_t
+    ep_end: torch.Tensor    # [n, T+1, K] bool: a whole game ended after a_t
+    ep_return: torch.Tensor  # [n, T+1, K] float32: that game's return where ep_end
+    ep_length: torch.Tensor  # [n, T+1, K] int64: that game's length where ep_end
+    version: torch.Tensor   # [n] int64: policy version (learner updates) that started the unroll
+
+    @classmethod
+    def allocate(cls, n: int, t: int, k: int, spec: EnvSpec, shared: bool) -> "RolloutBuffers":
+        def z(shape, dtype):
+            x = torch.zeros(shape, dtype=dtype)
+            return x.share_memory_() if shared else x
+
+        return cls(
+            obs=z((n, t + 1, k, *spec.obs_shape), torch_dtype(spec.obs_dtype)),
+            action=z((n, t + 1, k), torch.int64),
+            logits=z((n, t + 1, k, spec.num_actions), torch.float32),
+            reward=z((n, t + 1, k), torch.float32),
+            done=z((n, t + 1, k), torch.bool),
+            ep_end=z((n, t + 1, k), torch.bool),
+            ep_return=z((n, t + 1, k), torch.float32),
+            ep_length=z((n, t + 1, k), torch.int64),
+            version=z((n,), torch.int64),
+        )
+
+    def view(self, i: int) -> "UnrollView":
+        """Numpy views of buffer i, for an actor to fill in place."""
+        return UnrollView(**{f.name: getattr(self, f.name)[i].numpy() for f in fields(self)})
+
+    def gather(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        """Copy buffers ``idx`` into one time-major batch [T+1, len(idx)*K, ...]."""
+        out = {}
+        for f in fields(self):
+            if f.name == "version":
+                continue
+            x = getattr(self, f.name)[idx]  # [b, T+1, K, ...] (a copy)
+            x = x.transpose(0, 1)
+            out[f.name] = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+        out["version"] = self.version[idx].clone()
+        return out
+
+
+@dataclass
+class UnrollView:
+    obs: np.ndarray
+    action: np.ndarray
+    logits: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    ep_end: np.ndarray
+    ep_return: np.ndarray
+    ep_length: np.ndarray
+    version: np.ndarray  # 0-d
+
+
+@dataclass
+class StepSlots:
+    """Per-actor slots for central inference: the actor writes obs, the server writes actions."""
+
+    obs: torch.Tensor      # [num_actors, K, *obs_shape]
+    action: torch.Tensor   # [num_actors, K] int64
+    logits: torch.Tensor   # [num_actors, K, A]
+    version: torch.Tensor  # [num_actors] int64
+
+    @classmethod
+    def allocate(cls, num_actors: int, k: int, spec: EnvSpec, shared: bool) -> "StepSlots":
+        def z(shape, dtype):
+            x = torch.zeros(shape, dtype=dtype)
+            return x.share_memory_() if shared else x
+
+        return cls(obs=z((num_actors, k, *spec.obs_shape), torch_dtype(spec.obs_dtype)),
+                   action=z((num_actors, k), torch.int64),
+                   logits=z((num_actors, k, spec.num_actions), torch.float32),
+                   version=z((num_actors,), torch.int64))
+
+
+@dataclass
+class SharedWeights:
+    """A flat copy of the policy's parameters for actor-side inference, with a version counter."""
+
+    flat: torch.Tensor     # [P] float32
+    version: torch.Tensor  # [1] int64
+
+    @classmethod
+    def allocate(cls, model: torch.nn.Module) -> "SharedWeights":
+        vec = torch.nn.utils.parameters_to_vector([p.detach().cpu() for p in model.parameters()])
+        return cls(flat=vec.clone().share_memory_(), version=torch.zeros(1, dtype=torch.int64).share_memory_())
+
+    def publish(self, model: torch.nn.Module, version: int, lock) -> None:
+        vec = torch.nn.utils.parameters_to_vector([p.detach() for p in model.parameters()]).cpu()
+        with lock:
+            self.flat.copy_(vec)
+            self.version[0] = version
+
+    def load_into(self, model: torch.nn.Module, lock) -> int:
+        with lock, torch.no_grad():
+            offset = 0
+            for p in model.parameters():
+                n = p.numel()
+                p.copy_(self.flat[offset:offset + n].view_as(p))
+                offset += n
+            return int(self.version[0])

@@ -1,0 +1,32 @@
+"""The rlbalance command line: one module per subcommand, a small dispatcher here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..config import ConfigError
+
+SUBCOMMANDS = {
+    "train": "Train an agent (SEED-style central inference or IMPALA-style actor inference).",
+    "bench": "Measure env ceiling, learner ceiling and end-to-end FPS; write bench/results.",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlbalance", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    for name, help_text in SUBCOMMANDS.items():
+        mod = importlib.import_module(f"rlbalance.cli.{name}")
+        p = sub.add_parser(name, help=help_text, description=mod.__doc__,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        mod.add_arguments(p)
+        modules[name] = mod
+    args = parser.parse_args(argv)
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except ConfigError as e:
+        print(f"rlbalance {args.command}: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,59 @@
+"""Train an agent. Defaults train CartPole-v1 with central inference on 2 actors.
+
+Examples:
+  rlbalance train
+  rlbalance train --env.id ALE/Pong-v5 --learner.reward_clip 1 --run.total_steps 500000
+  rlbalance train --config my.toml --set inference.mode=actor
+  rlbalance train --resume runs/CartPole-v1-20261202-120000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .. import config as C
+from .options import add_config_arguments, cli_overrides, load_config
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--resume", metavar="RUN_DIR", help="Continue a run from its latest checkpoint; the run's own "
+                   "config is used, with any --set/--section.field overrides on top (e.g. a larger run.total_steps).")
+    add_config_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..rundir import RunDir
+    from ..train import train
+
+    if args.resume:
+        base = RunDir(args.resume).read_config().to_dict()
+        layers = [base]
+        if args.config:
+            layers.append(C.read_file(args.config))
+        layers.append(cli_overrides(args))
+        cfg = C.build(C.merge(*layers))
+    else:
+        cfg = load_config(args)
+    summary = train(cfg, resume=args.resume)
+    _print_summary(summary)
+    return 0 if summary["outcome"] in ("completed", "interrupted") else 1
+
+
+def _print_summary(s: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rlbalance train: {s['env']} ({s['mode']}, {s['inference']} inference, {s['device']})")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows = [("outcome", s["outcome"]), ("env steps", f"{s['steps']:,}"), ("frames", f"{s['frames']:,}"),
+            ("updates", f"{s['updates']:,}"), ("wall time", f"{s['wall_s']:.1f} s"),
+            ("sustained SPS (after warm-up)", f"{s['sps_sustained']:,.0f}"),
+            ("sustained FPS (after warm-up)", f"{s['fps_sustained']:,.0f}"),
+            ("mean return, last 100 episodes", f"{s['episode_return_last100']:.1f}"),
+            ("episodes", f"{s['episodes']:,}"), ("run directory", s["run_dir"])]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    Console().print(table)
+    print(json.dumps({"summary": s["run_dir"] + "/summary.json"}))

@@ -1,0 +1,369 @@
+"""One frozen, typed, nested configuration for every rlbalance run.
+
+Precedence, lowest to highest:
+
+1. the defaults written in the dataclasses below;
+2. a config file (``--config run.toml`` or ``.yaml``), nested by section;
+3. command-line overrides (``--env.id ALE/Pong-v5`` or ``--set env.id=ALE/Pong-v5``).
+
+Every field carries its documentation in ``metadata["doc"]``; the CLI help is generated from it.
+All checks of values, and all derived values, live in ``Config.__post_init__`` and the section
+``__post_init__`` methods, so bad input fails before any process starts, naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and what is allowed."""
+
+
+def _f(default: Any, doc: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"doc": doc, **kw})
+
+
+def _require(cond: bool, name: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
+
+
+ENV_BACKENDS = ("gymnasium", "envpool")
+INFERENCE_MODES = ("central", "actor")
+MODELS = ("auto", "mlp", "nature_cnn")
+DEVICES = ("auto", "cpu", "cuda")
+MODES = ("parallel", "serial")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """What the actors step."""
+
+    id: str = _f("CartPole-v1", "Environment id: a gymnasium id (CartPole-v1), an ALE id (ALE/Pong-v5) "
+                 "or 'synthetic' for the controlled CPU-cost environment.")
+    backend: str = _f("gymnasium", "Stepping backend: 'gymnasium' (one env object per env) or 'envpool' "
+                      "(batched C++ envs, optional dependency).")
+    # Atari preprocessing (DeepMind style); ignored by non-Atari envs.
+    noop_max: int = _f(30, "Atari: maximum number of no-op actions at reset.")
+    frameskip: int = _f(4, "Atari: frames repeated per action, max-pooled over the last two.")
+    screen_size: int = _f(84, "Atari: square observation size after resizing.")
+    frame_stack: int = _f(4, "Atari: number of stacked grayscale frames.")
+    sticky_actions: float = _f(0.0, "Atari: probability of repeating the previous action (0.25 is v5's default; "
+                               "0 gives the classic DeepMind setting).")
+    episodic_life: bool = _f(False, "Atari: end an episode (for learning) at every life loss.")
+    max_episode_steps: int = _f(0, "Truncate episodes after this many agent steps (0 keeps the env's own limit; "
+                                "Atari uses 108000 frames / frameskip).")
+    # Synthetic environment.
+    synthetic_step_us: float = _f(50.0, "Synthetic: microseconds of real CPU work per env step.")
+    synthetic_obs_shape: tuple[int, ...] = _f((16,), "Synthetic: observation shape (e.g. [16] or [4,84,84]).")
+    synthetic_actions: int = _f(4, "Synthetic: number of discrete actions.")
+    synthetic_episode_len: int = _f(200, "Synthetic: episode length in steps.")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.id), "env.id", self.id, "give a gymnasium id, an ALE id or 'synthetic'")
+        _require(self.backend in ENV_BACKENDS, "env.backend", self.backend, f"one of {ENV_BACKENDS}")
+        _require(self.noop_max >= 0, "env.noop_max", self.noop_max, "must be >= 0")
+        _require(self.frameskip >= 1, "env.frameskip", self.frameskip, "must be >= 1")
+        _require(self.screen_size >= 8, "env.screen_size", self.screen_size, "must be >= 8")
+        _require(self.frame_stack >= 1, "env.frame_stack", self.frame_stack, "must be >= 1")
+        _require(0.0 <= self.sticky_actions < 1.0, "env.sticky_actions", self.sticky_actions, "must be in [0, 1)")
+        _require(self.max_episode_steps >= 0, "env.max_episode_steps", self.max_episode_steps, "must be >= 0")
+        _require(self.synthetic_step_us >= 0, "env.synthetic_step_us", self.synthetic_step_us, "must be >= 0")
+        _require(len(self.synthetic_obs_shape) >= 1 and all(int(d) >= 1 for d in self.synthetic_obs_shape),
+                 "env.synthetic_obs_shape", self.synthetic_obs_shape, "a non-empty list of positive sizes")
+        _require(self.synthetic_actions >= 2, "env.synthetic_actions", self.synthetic_actions, "must be >= 2")
+        _require(self.synthetic_episode_len >= 1, "env.synthetic_episode_len", self.synthetic_episode_len,
+                 "must be >= 1")
+
+    @property
+    def is_atari(self) -> bool:
+        return self.id.startswith("ALE/") or self.id.endswith("NoFrameskip-v4")
+
+
+@dataclass(frozen=True)
+class ActorsConfig:
+    """The CPU actors."""
+
+    num_actors: int = _f(2, "Number of actor processes (each steps envs_per_actor environments).")
+    envs_per_actor: int = _f(32, "Environments per actor (K); one message carries K observations.")
+    cpu_affinity: tuple[int, ...] = _f((), "CPU cores the actors are pinned to, round-robin (empty: no pinning).")
+    buffers_per_actor: int = _f(3, "Shared-memory unroll buffers per actor (more lets actors run ahead).")
+
+    def __post_init__(self) -> None:
+        _require(self.num_actors >= 1, "actors.num_actors", self.num_actors, "must be >= 1")
+        _require(self.envs_per_actor >= 1, "actors.envs_per_actor", self.envs_per_actor, "must be >= 1")
+        _require(self.buffers_per_actor >= 2, "actors.buffers_per_actor", self.buffers_per_actor, "must be >= 2")
+        _require(all(c >= 0 for c in self.cpu_affinity), "actors.cpu_affinity", self.cpu_affinity,
+                 "core ids must be >= 0")
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """Where and how the policy is evaluated for the actors."""
+
+    mode: str = _f("central", "'central': one server on the learner device batches all actors (SEED); "
+                   "'actor': each actor runs the policy on its CPU (IMPALA).")
+    max_batch: int = _f(0, "Central: most environments in one forward pass (0: all actors' envs).")
+    max_wait_ms: float = _f(1.0, "Central: longest wait for a fuller batch once one request is in.")
+    sync_every: int = _f(1, "Actor mode: copy new weights when this many learner updates have passed.")
+
+    def __post_init__(self) -> None:
+        _require(self.mode in INFERENCE_MODES, "inference.mode", self.mode, f"one of {INFERENCE_MODES}")
+        _require(self.max_batch >= 0, "inference.max_batch", self.max_batch, "must be >= 0 (0 means no cap)")
+        _require(self.max_wait_ms >= 0, "inference.max_wait_ms", self.max_wait_ms, "must be >= 0")
+        _require(self.sync_every >= 1, "inference.sync_every", self.sync_every, "must be >= 1")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """The V-trace actor-critic learner."""
+
+    device: str = _f("auto", "Learner device: 'auto' (cuda when available, else cpu), 'cpu' or 'cuda'.")
+    model: str = _f("auto", "'mlp', 'nature_cnn', or 'auto' (CNN for image observations, else MLP).")
+    hidden_sizes: tuple[int, ...] = _f((64, 64), "MLP hidden layer sizes.")
+    unroll_length: int = _f(20, "Unroll length T (steps per trajectory).")
+    batch_size: int = _f(64, "Unrolls (single-env trajectories) per learner batch, B; a multiple of "
+                         "actors.envs_per_actor.")
+    learning_rate: float = _f(2e-3, "Initial Adam learning rate.")
+    lr_schedule: str = _f("linear", "'linear' decay to 0 over run.total_steps, or 'constant'.")
+    adam_eps: float = _f(1e-5, "Adam epsilon.")
+    discount: float = _f(0.99, "Discount factor gamma.")
+    entropy_cost: float = _f(0.01, "Entropy bonus coefficient.")
+    baseline_cost: float = _f(0.5, "Value loss coefficient.")
+    max_grad_norm: float = _f(40.0, "Global gradient-norm clip.")
+    clip_rho: float = _f(1.0, "V-trace rho-bar (importance weight clip for the value targets).")
+    clip_c: float = _f(1.0, "V-trace c-bar (trace cutting).")
+    clip_pg_rho: float = _f(1.0, "V-trace clip of the importance weight in the policy gradient.")
+    reward_clip: float = _f(0.0, "Clip rewards to [-x, x] (0: no clipping; Atari uses 1).")
+    torch_threads: int = _f(1, "torch intra-op threads in the learner process.")
+
+    def __post_init__(self) -> None:
+        _require(self.device in DEVICES, "learner.device", self.device, f"one of {DEVICES}")
+        _require(self.model in MODELS, "learner.model", self.model, f"one of {MODELS}")
+        _require(len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes),
+                 "learner.hidden_sizes", self.hidden_sizes, "a non-empty list of positive sizes")
+        _require(self.unroll_length >= 1, "learner.unroll_length", self.unroll_length, "must be >= 1")
+        _require(self.batch_size >= 1, "learner.batch_size", self.batch_size, "must be >= 1")
+        _require(self.learning_rate > 0, "learner.learning_rate", self.learning_rate, "must be > 0")
+        _require(self.lr_schedule in ("linear", "constant"), "learner.lr_schedule", self.lr_schedule,
+                 "'linear' or 'constant'")
+        _require(self.adam_eps > 0, "learner.adam_eps", self.adam_eps, "must be > 0")
+        _require(0.0 <= self.discount <= 1.0, "learner.discount", self.discount, "must be in [0, 1]")
+        _require(self.entropy_cost >= 0, "learner.entropy_cost", self.entropy_cost, "must be >= 0")
+        _require(self.baseline_cost >= 0, "learner.baseline_cost", self.baseline_cost, "must be >= 0")
+        _require(self.max_grad_norm > 0, "learner.max_grad_norm", self.max_grad_norm, "must be > 0")
+        for name in ("clip_rho", "clip_c", "clip_pg_rho"):
+            _require(getattr(self, name) > 0, f"learner.{name}", getattr(self, name), "must be > 0")
+        _require(self.reward_clip >= 0, "learner.reward_clip", self.reward_clip, "must be >= 0")
+        _require(self.torch_threads >= 1, "learner.torch_threads", self.torch_threads, "must be >= 1")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """What is logged and how often."""
+
+    log_interval_s: float = _f(2.0, "Seconds between metric records (JSONL and TensorBoard).")
+    tensorboard: bool = _f(True, "Write TensorBoard event files beside metrics.jsonl.")
+    progress: bool = _f(True, "Show a progress bar with FPS and return.")
+    warmup_s: float = _f(3.0, "Seconds excluded from the sustained FPS figure at the start.")
+
+    def __post_init__(self) -> None:
+        _require(self.log_interval_s > 0, "telemetry.log_interval_s", self.log_interval_s, "must be > 0")
+        _require(self.warmup_s >= 0, "telemetry.warmup_s", self.warmup_s, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run as a whole."""
+
+    total_steps: int = _f(500_000, "Environment steps to train for (counted where the learner consumes them).")
+    seed: int = _f(0, "Seed for envs, model init and sampling.")
+    mode: str = _f("parallel", "'parallel' (actor processes) or 'serial' (everything in one process).")
+    out_dir: str = _f("runs", "Parent folder of run directories.")
+    name: str = _f("", "Run directory name (empty: env id and a timestamp).")
+    checkpoint_interval_s: float = _f(60.0, "Seconds between checkpoints (a final one is always written).")
+    max_seconds: float = _f(0.0, "Stop after this many seconds of training (0: no limit).")
+
+    def __post_init__(self) -> None:
+        _require(self.total_steps >= 1, "run.total_steps", self.total_steps, "must be >= 1")
+        _require(self.mode in MODES, "run.mode", self.mode, f"one of {MODES}")
+        _require(self.checkpoint_interval_s > 0, "run.checkpoint_interval_s", self.checkpoint_interval_s,
+                 "must be > 0")
+        _require(self.max_seconds >= 0, "run.max_seconds", self.max_seconds, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        k = self.actors.envs_per_actor
+        _require(self.learner.batch_size % k == 0, "learner.batch_size", self.learner.batch_size,
+                 f"must be a multiple of actors.envs_per_actor={k}, since each actor buffer holds {k} unrolls "
+                 f"(try {max(k, round(self.learner.batch_size / k) * k)})")
+        buffers_needed = self.learner.batch_size // k
+        total = self.actors.num_actors * self.actors.buffers_per_actor
+        _require(total > buffers_needed, "actors.buffers_per_actor", self.actors.buffers_per_actor,
+                 f"num_actors*buffers_per_actor={total} must exceed the {buffers_needed} buffers one learner "
+                 f"batch takes, or actors would stall; raise it to {buffers_needed // self.actors.num_actors + 2}")
+        if self.inference.max_batch:
+            _require(self.inference.max_batch >= k, "inference.max_batch", self.inference.max_batch,
+                     f"must be 0 or >= actors.envs_per_actor={k} (one actor's envs go in one forward pass)")
+
+    @property
+    def buffers_per_batch(self) -> int:
+        return self.learner.batch_size // self.actors.envs_per_actor
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
+
+
+def _field_type(section: type, name: str) -> Any:
+    return typing.get_type_hints(section)[name]
+
+
+def coerce(section: str, name: str, value: Any) -> Any:
+    """Turn a file or CLI value into the field's type, or raise ConfigError naming the field."""
+    cls = SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    if name not in hints:
+        known = ", ".join(f.name for f in dataclasses.fields(cls))
+        raise ConfigError(f"unknown field {section}.{name}; {section} has: {known}")
+    typ = hints[name]
+    full = f"{section}.{name}"
+    try:
+        if typing.get_origin(typ) is tuple:
+            (inner, *_rest) = typing.get_args(typ)
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+            if not isinstance(value, (list, tuple)):
+                raise TypeError
+            return tuple(inner(v) for v in value)
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise TypeError
+        if typ is int:
+            if isinstance(value, bool):
+                raise TypeError
+            if isinstance(value, float) and not value.is_integer():
+                raise TypeError
+            if isinstance(value, str):
+                value = value.replace("_", "")
+                as_float = float(value)
+                if not as_float.is_integer():
+                    raise TypeError
+                return int(as_float)
+            return int(value)
+        if typ is float:
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if typ is str:
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+    except (TypeError, ValueError, json.JSONDecodeError):
+        tname = getattr(typ, "__name__", str(typ))
+        raise ConfigError(f"{full}={value!r} is invalid: expected {tname}") from None
+    raise ConfigError(f"{full}: unsupported type {typ}")
+
+
+def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+    """Build a Config from nested overrides {section: {field: value}} on top of the defaults."""
+    overrides = overrides or {}
+    sections = {}
+    for sec, cls in SECTIONS.items():
+        vals = {k: coerce(sec, k, v) for k, v in (overrides.get(sec) or {}).items()}
+        sections[sec] = cls(**vals)
+    unknown = set(overrides) - set(SECTIONS)
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {sorted(unknown)}; sections are {sorted(SECTIONS)}")
+    return Config(**sections)
+
+
+def read_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read a TOML or YAML config file into nested overrides."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found")
+    text = p.read_text()
+    if p.suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p}: invalid TOML: {e}") from None
+    elif p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p}: invalid YAML: {e}") from None
+    elif p.suffix == ".json":
+        data = json.loads(text)
+    else:
+        raise ConfigError(f"config file {p}: use a .toml, .yaml/.yml or .json file")
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"config file {p}: expected sections like [env] or env: with fields inside")
+    return data
+
+
+def merge(*layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for sec, vals in layer.items():
+            out.setdefault(sec, {}).update(vals)
+    return out
+
+
+def parse_set(items: list[str]) -> dict[str, dict[str, Any]]:
+    """Parse ``section.field=value`` strings."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        sec, dot, name = key.partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"--set {item!r}: expected section.field=value, e.g. env.id=CartPole-v1")
+        out.setdefault(sec, {})[name] = value
+    return out
+
+
+def load(config_file: str | None = None, cli: dict[str, dict[str, Any]] | None = None) -> Config:
+    """defaults < config file < command line."""
+    layers = [read_file(config_file)] if config_file else []
+    layers.append(cli or {})
+    return build(merge(*layers))
+
+
+def from_dict(d: dict[str, Any]) -> Config:
+    """Rebuild a Config from ``to_dict`` output (e.g. a run directory's config.json)."""
+    return build({sec: vals for sec, vals in d.items()})
+
+
+def field_docs() -> list[tuple[str, str, Any, str]]:
+    """(section, field, default, doc) for every field, for CLI help and docs."""
+    rows = []
+    for sec, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            rows.append((sec, f.name, f.default, f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,214 @@
+"""Environments the actors step: K of them at once, with same-step autoreset.
+
+``make_env_batch(cfg, k, seed)`` returns an :class:`EnvBatch` of K environments. When one ends, the
+observation returned for it is the first of its next episode and ``done`` marks the transition, the
+convention V-trace needs (SEED RL, TorchBeast). Episode returns are tracked per *game*: with episodic
+life on, ``done`` fires at each life loss but the return keeps adding up until the game is over.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from .config import ConfigError, EnvConfig
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    num_actions: int
+    frames_per_step: int
+
+
+class SyntheticEnv:
+    """A vectorised environment with a tunable CPU cost per step and observation shape.
+
+    Each step of each env burns ``step_us`` microseconds of real CPU time (a busy loop on the
+    process's CPU clock), so the env ceiling is known in advance. The task is learnable: reward 1
+    when the action equals ``argmax`` of the first ``num_actions`` observation entries.
+    """
+
+    def __init__(self, k: int, obs_shape: tuple[int, ...], num_actions: int, step_us: float,
+                 episode_len: int, seed: int):
+        self.k, self.obs_shape, self.num_actions = k, tuple(obs_shape), num_actions
+        self.step_ns = int(step_us * 1000)
+        self.episode_len = episode_len
+        self.rng = np.random.default_rng(seed)
+        self.t = np.zeros(k, dtype=np.int64)
+        self.obs = np.zeros((k, *self.obs_shape), dtype=np.float32)
+        self.flat = self.obs.reshape(k, -1)
+        self.n_key = min(num_actions, self.flat.shape[1])
+
+    def _draw(self, idx: np.ndarray | slice) -> None:
+        self.flat[idx, : self.n_key] = self.rng.standard_normal(self.flat[idx, : self.n_key].shape)
+
+    def reset(self) -> np.ndarray:
+        self.t[:] = 0
+        self._draw(slice(None))
+        return self.obs
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if self.step_ns:
+            end = time.thread_time_ns() + self.step_ns * self.k
+            while time.thread_time_ns() < end:
+                pass
+        reward = (actions == self.flat[:, : self.n_key].argmax(axis=1)).astype(np.float32)
+        self.t += 1
+        done = self.t >= self.episode_len
+        self.t[done] = 0
+        self._draw(slice(None))
+        return self.obs, reward, done, done.copy()
+
+
+class EpisodicLife(gym.Wrapper):
+    """End the learning episode at each life loss; reset the game only when it is really over."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        info["game_over"] = self.game_over
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:  # a lost life: continue the same game with a no-op
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
+def _register_ale() -> None:
+    try:
+        import ale_py
+    except ImportError as e:  # pragma: no cover - ale-py is a dependency
+        raise ConfigError("env.id is an ALE id but ale-py is not installed: pip install ale-py") from e
+    gym.register_envs(ale_py)
+
+
+def make_single(cfg: EnvConfig, seed: int) -> gym.Env:
+    """One gymnasium env with the preprocessing its family needs."""
+    if cfg.is_atari:
+        _register_ale()
+        kwargs = dict(frameskip=1, repeat_action_probability=cfg.sticky_actions, full_action_space=False)
+        if cfg.max_episode_steps:
+            kwargs["max_num_frames_per_episode"] = cfg.max_episode_steps * cfg.frameskip
+        else:
+            kwargs["max_num_frames_per_episode"] = 108_000
+        env = gym.make(cfg.id, **kwargs)
+        env = gym.wrappers.AtariPreprocessing(
+            env, noop_max=cfg.noop_max, frame_skip=cfg.frameskip, screen_size=cfg.screen_size,
+            grayscale_obs=True, terminal_on_life_loss=False, scale_obs=False)
+        if cfg.episodic_life:
+            env = EpisodicLife(env)
+        env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
+    else:
+        kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+        env = gym.make(cfg.id, **kwargs)
+    env.action_space.seed(seed)
+    return env
+
+
+def _check_id(cfg: EnvConfig) -> None:
+    if cfg.id == "synthetic":
+        return
+    if cfg.is_atari:
+        _register_ale()
+    if cfg.id not in gym.registry:
+        close = [k for k in gym.registry if cfg.id.lower().split("-")[0].split("/")[-1] in k.lower()][:5]
+        hint = f" (did you mean one of {close}?)" if close else ""
+        raise ConfigError(f"env.id={cfg.id!r} is not a registered environment{hint}; use a gymnasium id such as "
+                          "CartPole-v1, an ALE id such as ALE/Pong-v5, or 'synthetic'")
+
+
+class EnvBatch:
+    """K environments stepped together. ``step`` returns obs, reward, done, and finished episodes."""
+
+    def __init__(self, cfg: EnvConfig, k: int, seed: int):
+        _check_id(cfg)
+        self.cfg, self.k, self.seed = cfg, k, seed
+        self.synthetic = None
+        self.envs: list[gym.Env] = []
+        if cfg.id == "synthetic":
+            self.synthetic = SyntheticEnv(k, cfg.synthetic_obs_shape, cfg.synthetic_actions,
+                                          cfg.synthetic_step_us, cfg.synthetic_episode_len, seed)
+            self.spec = EnvSpec(tuple(cfg.synthetic_obs_shape), np.dtype(np.float32), cfg.synthetic_actions, 1)
+        else:
+            self.envs = [make_single(cfg, seed + i) for i in range(k)]
+            space = self.envs[0].observation_space
+            if not isinstance(self.envs[0].action_space, gym.spaces.Discrete):
+                raise ConfigError(f"env.id={cfg.id!r} has action space {self.envs[0].action_space}; rlbalance's "
+                                  "V-trace learner supports Discrete action spaces only")
+            self.spec = EnvSpec(tuple(space.shape), np.dtype(space.dtype), int(self.envs[0].action_space.n),
+                                cfg.frameskip if cfg.is_atari else 1)
+        self.obs = np.zeros((k, *self.spec.obs_shape), dtype=self.spec.obs_dtype)
+        self.reward = np.zeros(k, dtype=np.float32)
+        self.done = np.zeros(k, dtype=bool)
+        self.ep_return = np.zeros(k, dtype=np.float64)
+        self.ep_length = np.zeros(k, dtype=np.int64)
+
+    def reset(self) -> np.ndarray:
+        if self.synthetic is not None:
+            self.obs[:] = self.synthetic.reset()
+        else:
+            for i, env in enumerate(self.envs):
+                self.obs[i], _ = env.reset(seed=self.seed + i)
+        self.ep_return[:] = 0
+        self.ep_length[:] = 0
+        return self.obs
+
+    def step(self, actions: np.ndarray):
+        """Step every env. Returns (obs, reward, done, game_over, finished_returns) where
+        ``finished_returns[i]`` is the game's return where ``game_over[i]``, else 0."""
+        game_over = np.zeros(self.k, dtype=bool)
+        if self.synthetic is not None:
+            obs, rew, term, trunc = self.synthetic.step(actions)
+            self.obs[:] = obs
+            self.reward[:] = rew
+            self.done[:] = term | trunc
+            game_over[:] = self.done
+        else:
+            for i, env in enumerate(self.envs):
+                obs, rew, term, trunc, info = env.step(int(actions[i]))
+                done = term or trunc
+                self.reward[i] = rew
+                self.done[i] = done
+                if done:
+                    game_over[i] = info.get("game_over", True)
+                    obs, _ = env.reset()
+                self.obs[i] = obs
+        self.ep_return += self.reward
+        self.ep_length += 1
+        finished = np.where(game_over, self.ep_return, 0.0)
+        lengths = np.where(game_over, self.ep_length, 0)
+        self.ep_return[game_over] = 0
+        self.ep_length[game_over] = 0
+        return self.obs, self.reward, self.done, game_over, finished, lengths
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def probe_spec(cfg: EnvConfig) -> EnvSpec:
+    """The env's spec, from one throw-away env (checks the id before any process starts)."""
+    batch = EnvBatch(cfg, 1, 0)
+    spec = batch.spec
+    batch.close()
+    return spec

@@ -1,0 +1,100 @@
+"""The central inference role: dynamic batching over all actors' envs, one forward pass per batch.
+
+Runs as a thread in the learner process, on the learner device, with the learner's model (new
+weights are used at once; a lock keeps a forward pass from seeing a half-applied optimizer step).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from multiprocessing.connection import wait
+
+import torch
+
+from .buffers import StepSlots
+from .timing import StageTimer
+
+
+class InferenceServer(threading.Thread):
+    def __init__(self, model: torch.nn.Module, slots: StepSlots, conns: list, device: torch.device,
+                 envs_per_actor: int, max_batch: int, max_wait_ms: float, model_lock: threading.Lock,
+                 version_fn, seed: int):
+        super().__init__(name="inference", daemon=True)
+        self.model, self.slots, self.conns, self.device = model, slots, conns, device
+        self.k = envs_per_actor
+        self.max_actors = max(1, (max_batch or envs_per_actor * len(conns)) // envs_per_actor)
+        self.max_wait = max_wait_ms / 1000.0
+        self.model_lock, self.version_fn = model_lock, version_fn
+        self.stop_event = threading.Event()
+        self.timer = StageTimer()
+        self.batch_sizes: list[int] = []
+        self.error: BaseException | None = None
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.pinned = None
+        if device.type == "cuda":
+            self.pinned = torch.empty_like(slots.obs).pin_memory()
+        self._conn_index = {id(c): i for i, c in enumerate(conns)}
+
+    def _collect(self, pending: list[int]) -> list[int]:
+        """Wait for requests; return the actor ids to serve now (at most max_actors, oldest first)."""
+        waiting = [c for i, c in enumerate(self.conns) if i not in pending]
+        deadline = None
+        while len(pending) < self.max_actors and waiting and not self.stop_event.is_set():
+            if pending:
+                deadline = deadline or time.perf_counter() + self.max_wait
+                timeout = deadline - time.perf_counter()
+                if timeout <= 0:
+                    break
+            else:
+                timeout = 0.1
+            ready = wait(waiting, timeout=timeout)
+            if not ready:
+                if pending:
+                    break
+                continue
+            for c in ready:
+                c.recv_bytes()
+                pending.append(self._conn_index[id(c)])
+                waiting.remove(c)
+        return pending
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except (EOFError, OSError):
+            pass  # an actor channel closed: shutdown or a dead actor, the learner decides
+        except BaseException as e:  # surfaced by the learner loop
+            self.error = e
+
+    def _loop(self) -> None:
+        pending: list[int] = []
+        slots, timer = self.slots, self.timer
+        while not self.stop_event.is_set():
+            with timer.stage("batch_wait"):
+                pending = self._collect(pending)
+            if not pending:
+                continue
+            ids, pending = pending[: self.max_actors], pending[self.max_actors:]
+            idx = torch.tensor(ids)
+            with timer.stage("h2d"):
+                if self.pinned is not None:
+                    staged = self.pinned[: len(ids)]
+                    torch.index_select(slots.obs, 0, idx, out=staged)
+                    obs = staged.to(self.device, non_blocking=True)
+                else:
+                    obs = slots.obs[idx]
+                obs = obs.reshape(len(ids) * self.k, *obs.shape[2:])
+            with timer.stage("forward"), self.model_lock:
+                actions, logits = self.model.act(obs, self.generator)
+                version = self.version_fn()
+            with timer.stage("d2h"):
+                slots.action[idx] = actions.view(len(ids), self.k).cpu()
+                slots.logits[idx] = logits.view(len(ids), self.k, -1).float().cpu()
+                slots.version[idx] = version
+            for i in ids:
+                self.conns[i].send_bytes(b"a")
+            self.batch_sizes.append(len(ids) * self.k)
+
+    def stop(self) -> None:
+        self.stop_event.set()

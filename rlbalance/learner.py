@@ -1,0 +1,119 @@
+"""The V-trace actor-critic algorithm: loss and optimizer step. Knows nothing of processes."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .config import LearnerConfig
+from .model import ActorCritic
+from .vtrace import vtrace
+
+BATCH_KEYS = ("obs", "action", "logits", "reward", "done")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or inf; training stops and the last good checkpoint is kept."""
+
+
+class Learner:
+    """Holds the model and optimizer; ``train(batch)`` does one V-trace update.
+
+    ``batch`` maps BATCH_KEYS to time-major tensors [T+1, N, ...]: index t holds the observation
+    x_t, the action a_t taken there, the behaviour policy's logits, the reward r_t and done_t of
+    the transition x_t -> x_{t+1}. Row T supplies the bootstrap observation only.
+    """
+
+    def __init__(self, model: ActorCritic, cfg: LearnerConfig, device: torch.device, total_steps: int,
+                 step_lock=None):
+        self.cfg, self.device, self.total_steps = cfg, device, total_steps
+        # Held around the optimizer step, so a concurrent inference pass never sees half-updated weights.
+        self.step_lock = step_lock or contextlib.nullcontext()
+        self.model = model.to(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+        self.updates = 0
+        self.steps = 0  # environment steps consumed
+        self.cuda = device.type == "cuda"
+        if self.cuda:  # true device busy time of each update, from CUDA events
+            self._ev_start = torch.cuda.Event(enable_timing=True)
+            self._ev_end = torch.cuda.Event(enable_timing=True)
+
+    def lr_now(self) -> float:
+        if self.cfg.lr_schedule == "constant":
+            return self.cfg.learning_rate
+        return self.cfg.learning_rate * max(0.0, 1.0 - self.steps / self.total_steps)
+
+    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        nb = self.device.type == "cuda"
+        return {k: (v.pin_memory() if nb else v).to(self.device, non_blocking=nb) for k, v in batch.items()}
+
+    def loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        t1, n = b["action"].shape[:2]
+        t = t1 - 1
+        logits, values = self.model(b["obs"].reshape(t1 * n, *b["obs"].shape[2:]))
+        logits = logits.reshape(t1, n, -1)
+        values = values.reshape(t1, n)
+        actions = b["action"][:t].long()
+        target_logp_all = F.log_softmax(logits[:t], dim=-1)
+        target_logp = target_logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        behaviour_logp = F.log_softmax(b["logits"][:t].float(), dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        rewards = b["reward"][:t].float()
+        if cfg.reward_clip:
+            rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
+        discounts = (1.0 - b["done"][:t].float()) * cfg.discount
+        vt = vtrace(target_logp.detach() - behaviour_logp, discounts, rewards, values[:t].detach(), values[t].detach(),
+                    cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho)
+        pg_loss = -(target_logp * vt.pg_advantages).mean()
+        baseline_loss = 0.5 * ((vt.vs - values[:t]) ** 2).mean()
+        entropy = -(target_logp_all.exp() * target_logp_all).sum(-1).mean()
+        total = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
+        stats = {"pg_loss": pg_loss, "baseline_loss": baseline_loss, "entropy": entropy, "total_loss": total}
+        return total, stats
+
+    def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One update on a batch already in host memory. Returns loss figures and stage times (s)."""
+        t0 = time.perf_counter()
+        b = self.to_device(batch)
+        t1 = time.perf_counter()
+        if self.cuda:
+            self._ev_start.record()
+        lr = self.lr_now()
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        total, stats = self.loss(b)
+        if not torch.isfinite(total):
+            raise NonFiniteLossError(
+                f"loss is {total.item()} at update {self.updates} (pg={stats['pg_loss'].item():.4g}, "
+                f"baseline={stats['baseline_loss'].item():.4g}, entropy={stats['entropy'].item():.4g}); "
+                "lower learner.learning_rate or set learner.reward_clip")
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        t2 = time.perf_counter()
+        with self.step_lock:
+            self.optimizer.step()
+        if self.cuda:
+            self._ev_end.record()
+        out = {k: float(v.item()) for k, v in stats.items()}  # .item() synchronises the device
+        t3 = time.perf_counter()
+        if self.cuda:
+            out["time_gpu_train"] = self._ev_start.elapsed_time(self._ev_end) / 1000.0
+        t_steps = (b["action"].shape[0] - 1) * b["action"].shape[1]
+        self.updates += 1
+        self.steps += t_steps
+        out.update(grad_norm=float(grad_norm), lr=lr, time_h2d=t1 - t0, time_fwd_bwd=t2 - t1, time_optim=t3 - t2)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "updates": self.updates, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        self.steps = int(state["steps"])

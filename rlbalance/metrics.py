@@ -1,0 +1,111 @@
+"""Metrics: JSONL beside TensorBoard, FPS over windows, episode statistics, a progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+
+class EpisodeStats:
+    """Returns and lengths of finished games, as the learner consumes them."""
+
+    def __init__(self, window: int = 100):
+        self.returns: deque[float] = deque(maxlen=window)
+        self.lengths: deque[int] = deque(maxlen=window)
+        self.count = 0
+
+    def add_from_batch(self, ep_return: np.ndarray, ep_length: np.ndarray, ep_end: np.ndarray) -> None:
+        if ep_end.any():
+            self.returns.extend(ep_return[ep_end].tolist())
+            self.lengths.extend(ep_length[ep_end].tolist())
+            self.count += int(ep_end.sum())
+
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else math.nan
+
+    def mean_length(self) -> float:
+        return float(np.mean(self.lengths)) if self.lengths else math.nan
+
+
+class MetricsLogger:
+    """Writes one JSON object per record to metrics.jsonl and the same scalars to TensorBoard."""
+
+    def __init__(self, run_path: Path, tensorboard: bool, frames_per_step: int, warmup_s: float,
+                 start_steps: int = 0):
+        self.path = Path(run_path) / "metrics.jsonl"
+        self.file = open(self.path, "a", buffering=1)
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(Path(run_path) / "tb"))
+        self.frames_per_step = frames_per_step
+        self.warmup_s = warmup_s
+        self.t0 = time.perf_counter()
+        self.start_steps = start_steps
+        self.last_t, self.last_steps = self.t0, start_steps
+        self.warm_t: float | None = None
+        self.warm_steps = start_steps
+        self.windows: deque[tuple[float, int]] = deque(maxlen=64)
+
+    def note_steps(self, steps: int) -> None:
+        now = time.perf_counter()
+        if self.warm_t is None and now - self.t0 >= self.warmup_s:
+            self.warm_t, self.warm_steps = now, steps
+        self.windows.append((now, steps))
+
+    def sustained_sps(self, steps: int) -> float:
+        """Steps per second since warm-up ended (since the start if warm-up never ended)."""
+        now = time.perf_counter()
+        t, s = (self.warm_t, self.warm_steps) if self.warm_t is not None else (self.t0, self.start_steps)
+        return (steps - s) / max(now - t, 1e-9)
+
+    def log(self, steps: int, scalars: dict[str, float]) -> dict:
+        now = time.perf_counter()
+        sps = (steps - self.last_steps) / max(now - self.last_t, 1e-9)
+        self.last_t, self.last_steps = now, steps
+        rec = {"time_s": round(now - self.t0, 4), "steps": steps, "frames": steps * self.frames_per_step,
+               "sps": sps, "fps": sps * self.frames_per_step, **scalars}
+        self.file.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                                    for k, v in rec.items()}) + "\n")
+        if self.tb is not None:
+            for k, v in rec.items():
+                if k not in ("steps", "time_s") and isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, steps)
+        return rec
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class Progress:
+    """A rich progress bar over environment steps, showing FPS and mean return."""
+
+    def __init__(self, total: int, enabled: bool, start: int = 0):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, \
+            TimeElapsedColumn, TimeRemainingColumn
+
+        self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                transient=False, refresh_per_second=4)
+        self.task = self.bar.add_task("train", total=total, completed=start, info="")
+        self.bar.start()
+
+    def update(self, steps: int, fps: float, ret: float) -> None:
+        if self.enabled:
+            r = "n/a" if math.isnan(ret) else f"{ret:.1f}"
+            self.bar.update(self.task, completed=steps, info=f"FPS {fps:,.0f} return {r}")
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.stop()

@@ -1,0 +1,170 @@
+"""The run directory: config used, hardware stamp, metrics, checkpoints, summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from .config import Config, ConfigError, from_dict
+
+CHECKPOINT_FORMAT = "rlbalance-checkpoint-v1"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git_commit() -> str:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def _gpus() -> list[dict]:
+    gpus = []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpus.append({
+                "index": i, "name": pynvml.nvmlDeviceGetName(h), "driver": driver,
+                "memory_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total,
+                "power_limit_w": pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
+                "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+            })
+        pynvml.nvmlShutdown()
+    except Exception:  # no NVML library or no GPU: the stamp says so
+        pass
+    return gpus
+
+
+def hardware_stamp() -> dict:
+    import psutil
+
+    versions = {}
+    for pkg in ("rlbalance", "torch", "numpy", "gymnasium", "ale-py", "envpool", "ray", "psutil", "nvidia-ml-py"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "cpu_model": _cpu_model(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "logical_cpus": psutil.cpu_count(logical=True),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "gpus": _gpus(),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": versions,
+        "git_commit": _git_commit(),
+    }
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+
+
+class RunDir:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.ckpt_dir = self.path / "checkpoints"
+
+    @classmethod
+    def create(cls, cfg: Config) -> "RunDir":
+        name = cfg.run.name or f"{cfg.env.id.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+        path = Path(cfg.run.out_dir) / name
+        if (path / "config.json").exists():
+            raise ConfigError(f"run.name={name!r}: run directory {path} already exists; pass --resume {path} to "
+                              "continue it, or choose another run.name")
+        path.mkdir(parents=True, exist_ok=True)
+        rd = cls(path)
+        rd.ckpt_dir.mkdir(exist_ok=True)
+        atomic_write_json(path / "config.json", cfg.to_dict())
+        return rd
+
+    def write_meta(self, extra: dict) -> None:
+        meta = {"hardware": hardware_stamp(), **extra}
+        atomic_write_json(self.path / "meta.json", meta)
+
+    def read_config(self) -> Config:
+        p = self.path / "config.json"
+        if not p.is_file():
+            raise ConfigError(f"--resume {self.path}: no config.json there; is it an rlbalance run directory?")
+        return from_dict(json.loads(p.read_text()))
+
+    # checkpoints ---------------------------------------------------------------------------
+    def save_checkpoint(self, state: dict, keep: int = 2) -> Path:
+        import io
+
+        state = {"format": CHECKPOINT_FORMAT, **state}
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        path = self.ckpt_dir / f"ckpt-{state['steps']:012d}.pt"
+        atomic_write_bytes(path, buf.getvalue())
+        atomic_write_bytes(self.ckpt_dir / "latest", path.name.encode())
+        for old in sorted(self.ckpt_dir.glob("ckpt-*.pt"))[:-keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def latest_checkpoint(self) -> Path | None:
+        latest = self.ckpt_dir / "latest"
+        if latest.is_file():
+            p = self.ckpt_dir / latest.read_text().strip()
+            if p.is_file():
+                return p
+        found = sorted(self.ckpt_dir.glob("ckpt-*.pt"))
+        return found[-1] if found else None
+
+    def load_checkpoint(self, path: Path | None = None) -> dict:
+        path = path or self.latest_checkpoint()
+        if path is None:
+            raise ConfigError(f"--resume {self.path}: no checkpoint in {self.ckpt_dir}")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ConfigError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); it may be truncated "
+                              "or not an rlbalance checkpoint: delete it to resume from the one before") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise ConfigError(f"checkpoint {path} is not an {CHECKPOINT_FORMAT} file")
+        return state

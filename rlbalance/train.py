@@ -1,0 +1,302 @@
+"""Training: one entry point, ``train(cfg)``, and the two runners (parallel actors, serial).
+
+The learner loop of each runner reads top to bottom: get a batch of unrolls, train on it, let the
+session log, checkpoint and decide when to stop.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import queue
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .actor import LocalPolicy, Rollout, actor_main, actor_seed
+from .buffers import RolloutBuffers, SharedWeights, StepSlots
+from .config import Config
+from .envs import EnvBatch, EnvSpec, probe_spec
+from .inference import InferenceServer
+from .learner import Learner
+from .metrics import EpisodeStats, MetricsLogger, Progress
+from .model import build_model, resolve_device, resolve_model
+from .rundir import RunDir
+from .timing import StageTimer
+
+
+class Session:
+    """What both runners share: metrics, checkpoints, progress, stop conditions, the summary."""
+
+    def __init__(self, cfg: Config, run: RunDir, learner: Learner, spec: EnvSpec, episodes: EpisodeStats):
+        self.cfg, self.run, self.learner, self.spec, self.episodes = cfg, run, learner, spec, episodes
+        self.logger = MetricsLogger(run.path, cfg.telemetry.tensorboard, spec.frames_per_step,
+                                    cfg.telemetry.warmup_s, start_steps=learner.steps)
+        self.progress = Progress(cfg.run.total_steps, cfg.telemetry.progress, start=learner.steps)
+        self.timer = StageTimer()
+        self.start_steps = learner.steps
+        self.t_start = time.perf_counter()
+        self.last_log = self.last_ckpt = self.t_start
+        self.curve: list[tuple[int, float]] = []
+        self.last_train: dict[str, float] = {}
+        self.policy_lag: list[float] = []
+        self.role_stats: dict[str, dict] = {}
+        self.extra_scalars: dict[str, float] = {}
+
+    def done(self) -> bool:
+        if self.learner.steps >= self.cfg.run.total_steps:
+            return True
+        return bool(self.cfg.run.max_seconds) and time.perf_counter() - self.t_start >= self.cfg.run.max_seconds
+
+    def after_update(self, batch: dict[str, torch.Tensor], train_stats: dict[str, float]) -> None:
+        self.episodes.add_from_batch(batch["ep_return"][:-1].numpy(), batch["ep_length"][:-1].numpy(),
+                                     batch["ep_end"][:-1].numpy())
+        lag = float(self.learner.updates - 1 - batch["version"].float().mean())
+        self.policy_lag.append(lag)
+        self.last_train = train_stats
+        for k in ("time_h2d", "time_fwd_bwd", "time_optim", "time_gpu_train"):
+            if k in train_stats:
+                self.timer.add(k.removeprefix("time_"), train_stats[k])
+        self.logger.note_steps(self.learner.steps)
+        now = time.perf_counter()
+        if now - self.last_log >= self.cfg.telemetry.log_interval_s:
+            self.log(now)
+        if now - self.last_ckpt >= self.cfg.run.checkpoint_interval_s:
+            self.checkpoint()
+
+    def log(self, now: float | None = None) -> dict:
+        now = now or time.perf_counter()
+        steps = self.learner.steps
+        scalars = {f"loss/{k}": v for k, v in self.last_train.items() if not k.startswith("time_")}
+        scalars.update({
+            "episode_return": self.episodes.mean_return(), "episode_length": self.episodes.mean_length(),
+            "episodes": self.episodes.count, "updates": self.learner.updates,
+            "policy_lag": float(np.mean(self.policy_lag)) if self.policy_lag else math.nan,
+        })
+        snap = self.timer.snapshot(reset=True)
+        scalars.update({f"learner/share_{k}": v for k, v in StageTimer.shares(snap).items()})
+        for role, snap in self.role_stats.items():
+            scalars.update({f"{role}/share_{k}": v for k, v in StageTimer.shares(snap).items()})
+        scalars.update(self.extra_scalars)
+        self.policy_lag.clear()
+        rec = self.logger.log(steps, scalars)
+        self.curve.append((steps, scalars["episode_return"]))
+        self.progress.update(steps, rec["fps"], scalars["episode_return"])
+        self.last_log = now
+        return rec
+
+    def checkpoint(self) -> Path:
+        self.last_ckpt = time.perf_counter()
+        state = self.learner.state_dict()
+        state.update(episodes_returns=list(self.episodes.returns), episodes_lengths=list(self.episodes.lengths),
+                     episodes_count=self.episodes.count, torch_rng=torch.get_rng_state())
+        return self.run.save_checkpoint(state)
+
+    def finish(self, outcome: str) -> dict:
+        self.log()
+        ckpt = self.checkpoint()
+        self.progress.close()
+        steps = self.learner.steps
+        wall = time.perf_counter() - self.t_start
+        sps = self.logger.sustained_sps(steps)
+        summary = {
+            "outcome": outcome, "env": self.cfg.env.id, "mode": self.cfg.run.mode,
+            "inference": self.cfg.inference.mode, "model": resolve_model(self.cfg.learner, self.spec),
+            "device": str(self.learner.device), "steps": steps, "frames": steps * self.spec.frames_per_step,
+            "updates": self.learner.updates, "wall_s": wall,
+            "sps_sustained": sps, "fps_sustained": sps * self.spec.frames_per_step,
+            "sps_overall": (steps - self.start_steps) / max(wall, 1e-9),
+            "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
+            "checkpoint": str(ckpt), "run_dir": str(self.run.path),
+            "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        from .rundir import atomic_write_json
+
+        atomic_write_json(self.run.path / "summary.json", summary)
+        self.logger.close()
+        return summary
+
+
+def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> None:
+    """Everything in one process: the same Rollout, model and Learner as the parallel runner."""
+    a, k = cfg.actors.num_actors, cfg.actors.envs_per_actor
+    device = learner.device
+    gen = torch.Generator(device=device).manual_seed(cfg.run.seed)
+    if cfg.inference.mode == "central":
+        def policy(obs):
+            actions, logits = learner.model.act(torch.from_numpy(obs).to(device), gen)
+            return actions.cpu().numpy(), logits.cpu().numpy(), learner.updates
+        policies = [policy] * a
+    else:
+        weights = SharedWeights.allocate(learner.model)
+        lock = threading.Lock()
+        policies = []
+        for i in range(a):
+            policies.append(LocalPolicy(build_model(cfg.learner, spec), weights, lock, cfg.inference.sync_every,
+                                        actor_seed(cfg, i)))
+    rollouts = [Rollout(EnvBatch(cfg.env, k, actor_seed(cfg, i)), policies[i]) for i in range(a)]
+    nb = cfg.buffers_per_batch
+    buffers = RolloutBuffers.allocate(nb, cfg.learner.unroll_length, k, spec, shared=False)
+    turn = 0
+    while not session.done():
+        for j in range(nb):
+            rollouts[turn % a].fill(buffers.view(j))
+            turn += 1
+        batch = buffers.gather(list(range(nb)))
+        stats = learner.train(batch)
+        if cfg.inference.mode == "actor":
+            weights.publish(learner.model, learner.updates, lock)
+        session.after_update(batch, stats)
+    for r in rollouts:
+        r.envs.close()
+
+
+class ActorFailure(RuntimeError):
+    pass
+
+
+def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> None:
+    """Actor processes over shared memory; central inference as a thread beside the learner loop."""
+    ctx = mp.get_context("spawn")
+    a, k, t = cfg.actors.num_actors, cfg.actors.envs_per_actor, cfg.learner.unroll_length
+    n_buf = a * cfg.actors.buffers_per_actor
+    buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=True)
+    free_q, full_q, stats_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    for i in range(n_buf):
+        free_q.put(i)
+    stop = ctx.Event()
+    central = cfg.inference.mode == "central"
+    slots = StepSlots.allocate(a, k, spec, shared=True) if central else None
+    weights = None if central else SharedWeights.allocate(learner.model)
+    weights_lock = ctx.Lock()
+    pipes = [ctx.Pipe(duplex=True) for _ in range(a)] if central else [(None, None)] * a
+    procs = []
+    for i in range(a):
+        p = ctx.Process(target=actor_main, name=f"rlbalance-actor-{i}", daemon=True,
+                        args=(i, cfg, buffers, free_q, full_q, stop, pipes[i][1], slots, weights, weights_lock,
+                              stats_q))
+        p.start()
+        procs.append(p)
+    for _, child_end in pipes:
+        if child_end is not None:
+            child_end.close()
+    server = None
+    if central:
+        server = InferenceServer(learner.model, slots, [p[0] for p in pipes], learner.device, k,
+                                 cfg.inference.max_batch, cfg.inference.max_wait_ms, session.model_lock,
+                                 lambda: learner.updates, cfg.run.seed)
+        server.start()
+    nb = cfg.buffers_per_batch
+    try:
+        while not session.done():
+            idx = []
+            with session.timer.stage("wait_data"):
+                while len(idx) < nb:
+                    try:
+                        idx.append(full_q.get(timeout=1.0))
+                    except queue.Empty:
+                        _check_health(procs, server)
+            batch = buffers.gather(idx)
+            for i in idx:
+                free_q.put(i)
+            stats = learner.train(batch)
+            if weights is not None:
+                weights.publish(learner.model, learner.updates, weights_lock)
+            _drain_stats(stats_q, session, server, full_q, free_q)
+            session.after_update(batch, stats)
+    finally:
+        stop.set()
+        if server is not None:
+            server.stop()
+            server.join(timeout=5)
+            for parent_end, _ in pipes:
+                parent_end.close()
+        for p in procs:
+            p.join(timeout=5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2)
+        for q in (free_q, full_q, stats_q):
+            q.cancel_join_thread()
+            q.close()
+
+
+def _check_health(procs, server) -> None:
+    if server is not None and server.error is not None:
+        raise server.error
+    dead = [p for p in procs if not p.is_alive()]
+    if dead:
+        raise ActorFailure(f"actor process(es) {[p.name for p in dead]} exited with codes "
+                           f"{[p.exitcode for p in dead]}; see the actor's traceback above")
+
+
+def _drain_stats(stats_q, session: Session, server, full_q, free_q) -> None:
+    agg: dict[str, float] = {}
+    wall = 0.0
+    n = 0
+    while True:
+        try:
+            _role, _i, snap = stats_q.get_nowait()
+        except queue.Empty:
+            break
+        for key, v in snap["seconds"].items():
+            agg[key] = agg.get(key, 0.0) + v
+        wall += snap["wall_s"]
+        n += 1
+    if n:
+        session.role_stats["actor"] = {"wall_s": wall, "seconds": agg, "count": {}}
+    if server is not None:
+        snap = server.timer.snapshot(reset=False)
+        if snap["wall_s"] > 1.0:
+            session.role_stats["inference"] = server.timer.snapshot(reset=True)
+            sizes = server.batch_sizes
+            if sizes:
+                session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))
+                sizes.clear()
+    try:
+        session.extra_scalars["queue/full"] = float(full_q.qsize())
+        session.extra_scalars["queue/free"] = float(free_q.qsize())
+    except NotImplementedError:  # macOS
+        pass
+
+
+def train(cfg: Config, resume: str | Path | None = None) -> dict:
+    """Train with ``cfg`` (or continue the run directory ``resume``); returns the run summary."""
+    spec = probe_spec(cfg.env)  # a bad env id fails here, before any process starts
+    device = resolve_device(cfg.learner.device)
+    torch.manual_seed(cfg.run.seed)
+    torch.set_num_threads(cfg.learner.torch_threads)
+    model = build_model(cfg.learner, spec)  # an observation shape the model cannot take fails here
+    episodes = EpisodeStats()
+    model_lock = threading.Lock()
+    if resume:
+        run = RunDir(Path(resume))
+        state = run.load_checkpoint()
+        learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock)
+        learner.load_state_dict(state)
+        episodes.returns.extend(state.get("episodes_returns", []))
+        episodes.lengths.extend(state.get("episodes_lengths", []))
+        episodes.count = int(state.get("episodes_count", 0))
+        torch.set_rng_state(state["torch_rng"])
+    else:
+        run = RunDir.create(cfg)
+        learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock)
+    run.write_meta({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from_steps": learner.steps,
+                    "env_spec": {"obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
+                                 "num_actions": spec.num_actions, "frames_per_step": spec.frames_per_step}})
+    session = Session(cfg, run, learner, spec, episodes)
+    session.model_lock = model_lock
+    outcome = "completed"
+    try:
+        (run_serial if cfg.run.mode == "serial" else run_parallel)(cfg, spec, learner, session)
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+    except BaseException:
+        session.progress.close()
+        raise
+    summary = session.finish(outcome)
+    return summary
