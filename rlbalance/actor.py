@@ -48,20 +48,24 @@ class Rollout:
             buf.action[t] = self.action
             buf.logits[t] = self.logits
             with timer.stage("env_step"):
-                obs, rew, done, game_over, ret, length = envs.step(self.action)
-            buf.reward[t] = rew
-            buf.done[t] = done
-            buf.ep_end[t] = game_over
-            buf.ep_return[t] = ret
-            buf.ep_length[t] = length
+                r = envs.step(self.action)
+            buf.reward[t] = r.reward
+            buf.done[t] = r.done
+            buf.truncated[t] = r.truncated
+            if r.truncated.any():
+                buf.final_obs[t][r.truncated] = envs.final_obs[r.truncated]
+            buf.ep_end[t] = r.game_over
+            buf.ep_return[t] = r.ep_return
+            buf.ep_length[t] = r.ep_length
             with timer.stage("wait_action"):
-                self.action, self.logits, self.version = policy(obs)
-            self.obs = obs
+                self.action, self.logits, self.version = policy(r.obs)
+            self.obs = r.obs
         buf.obs[t_len] = self.obs
         buf.action[t_len] = self.action
         buf.logits[t_len] = self.logits
         buf.reward[t_len] = 0
         buf.done[t_len] = False
+        buf.truncated[t_len] = False
         buf.ep_end[t_len] = False
         self.steps += t_len * envs.k
 

@@ -32,6 +32,8 @@ class RolloutBuffers:
     logits: torch.Tensor    # [n, T+1, K, A] float32
     reward: torch.Tensor    # [n, T+1, K] float32
     done: torch.Tensor      # [n, T+1, K] bool: the episode (for learning) ended after a_t
+    truncated: torch.Tensor  # [n, T+1, K] bool: ...by a time limit; bootstrap from final_obs
+    final_obs: torch.Tensor  # [n, T+1, K, *obs_shape]: the last observation where truncated
     ep_end: torch.Tensor    # [n, T+1, K] bool: a whole game ended after a_t
     ep_return: torch.Tensor  # [n, T+1, K] float32: that game's return where ep_end
     ep_length: torch.Tensor  # [n, T+1, K] int64: that game's length where ep_end
@@ -49,6 +51,8 @@ class RolloutBuffers:
             logits=z((n, t + 1, k, spec.num_actions), torch.float32),
             reward=z((n, t + 1, k), torch.float32),
             done=z((n, t + 1, k), torch.bool),
+            truncated=z((n, t + 1, k), torch.bool),
+            final_obs=z((n, t + 1, k, *spec.obs_shape), torch_dtype(spec.obs_dtype)),
             ep_end=z((n, t + 1, k), torch.bool),
             ep_return=z((n, t + 1, k), torch.float32),
             ep_length=z((n, t + 1, k), torch.int64),
@@ -79,6 +83,8 @@ class UnrollView:
     logits: np.ndarray
     reward: np.ndarray
     done: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
     ep_end: np.ndarray
     ep_return: np.ndarray
     ep_length: np.ndarray

@@ -92,7 +92,7 @@ class ActorsConfig:
     """The CPU actors."""
 
     num_actors: int = _f(2, "Number of actor processes (each steps envs_per_actor environments).")
-    envs_per_actor: int = _f(32, "Environments per actor (K); one message carries K observations.")
+    envs_per_actor: int = _f(16, "Environments per actor (K); one message carries K observations.")
     cpu_affinity: tuple[int, ...] = _f((), "CPU cores the actors are pinned to, round-robin (empty: no pinning).")
     buffers_per_actor: int = _f(3, "Shared-memory unroll buffers per actor (more lets actors run ahead).")
 
@@ -129,7 +129,7 @@ class LearnerConfig:
     model: str = _f("auto", "'mlp', 'nature_cnn', or 'auto' (CNN for image observations, else MLP).")
     hidden_sizes: tuple[int, ...] = _f((64, 64), "MLP hidden layer sizes.")
     unroll_length: int = _f(20, "Unroll length T (steps per trajectory).")
-    batch_size: int = _f(64, "Unrolls (single-env trajectories) per learner batch, B; a multiple of "
+    batch_size: int = _f(32, "Unrolls (single-env trajectories) per learner batch, B; a multiple of "
                          "actors.envs_per_actor.")
     learning_rate: float = _f(2e-3, "Initial Adam learning rate.")
     lr_schedule: str = _f("linear", "'linear' decay to 0 over run.total_steps, or 'constant'.")
@@ -137,10 +137,13 @@ class LearnerConfig:
     discount: float = _f(0.99, "Discount factor gamma.")
     entropy_cost: float = _f(0.01, "Entropy bonus coefficient.")
     baseline_cost: float = _f(0.5, "Value loss coefficient.")
-    max_grad_norm: float = _f(40.0, "Global gradient-norm clip.")
+    max_grad_norm: float = _f(0.5, "Global gradient-norm clip (the loss is a mean over T x B steps, not a sum as in "
+                                  "IMPALA, hence a clip far below its 40).")
     clip_rho: float = _f(1.0, "V-trace rho-bar (importance weight clip for the value targets).")
     clip_c: float = _f(1.0, "V-trace c-bar (trace cutting).")
     clip_pg_rho: float = _f(1.0, "V-trace clip of the importance weight in the policy gradient.")
+    normalize_advantages: bool = _f(False, "Normalize the policy-gradient advantages over each batch (zero mean, unit "
+                                    "std); makes the policy step independent of the reward scale.")
     reward_clip: float = _f(0.0, "Clip rewards to [-x, x] (0: no clipping; Atari uses 1).")
     torch_threads: int = _f(1, "torch intra-op threads in the learner process.")
 

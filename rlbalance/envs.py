@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +24,16 @@ class EnvSpec:
     obs_dtype: np.dtype
     num_actions: int
     frames_per_step: int
+
+
+class StepResult(NamedTuple):
+    obs: np.ndarray        # [K, ...] next observations (the first of a new episode where done)
+    reward: np.ndarray     # [K] float32
+    done: np.ndarray       # [K] bool: the (learning) episode ended with this step
+    truncated: np.ndarray  # [K] bool: it ended by a time limit, not a terminal state (see final_obs)
+    game_over: np.ndarray  # [K] bool: a whole game ended (differs from done with episodic life)
+    ep_return: np.ndarray  # [K] the finished game's return where game_over, else 0
+    ep_length: np.ndarray  # [K] the finished game's length where game_over, else 0
 
 
 class SyntheticEnv:
@@ -160,6 +171,9 @@ class EnvBatch:
         self.obs = np.zeros((k, *self.spec.obs_shape), dtype=self.spec.obs_dtype)
         self.reward = np.zeros(k, dtype=np.float32)
         self.done = np.zeros(k, dtype=bool)
+        self.truncated = np.zeros(k, dtype=bool)
+        # The last observation of an episode cut by a time limit, to bootstrap its value from.
+        self.final_obs = np.zeros_like(self.obs)
         self.ep_return = np.zeros(k, dtype=np.float64)
         self.ep_length = np.zeros(k, dtype=np.int64)
 
@@ -173,10 +187,10 @@ class EnvBatch:
         self.ep_length[:] = 0
         return self.obs
 
-    def step(self, actions: np.ndarray):
-        """Step every env. Returns (obs, reward, done, game_over, finished_returns) where
-        ``finished_returns[i]`` is the game's return where ``game_over[i]``, else 0."""
+    def step(self, actions: np.ndarray) -> StepResult:
+        """Step every env; where one ends, reset it at once (same-step autoreset)."""
         game_over = np.zeros(self.k, dtype=bool)
+        self.truncated[:] = False
         if self.synthetic is not None:
             obs, rew, term, trunc = self.synthetic.step(actions)
             self.obs[:] = obs
@@ -191,6 +205,9 @@ class EnvBatch:
                 self.done[i] = done
                 if done:
                     game_over[i] = info.get("game_over", True)
+                    if trunc and not term:
+                        self.truncated[i] = True
+                        self.final_obs[i] = obs
                     obs, _ = env.reset()
                 self.obs[i] = obs
         self.ep_return += self.reward
@@ -199,7 +216,7 @@ class EnvBatch:
         lengths = np.where(game_over, self.ep_length, 0)
         self.ep_return[game_over] = 0
         self.ep_length[game_over] = 0
-        return self.obs, self.reward, self.done, game_over, finished, lengths
+        return StepResult(self.obs, self.reward, self.done, self.truncated, game_over, finished, lengths)
 
     def close(self) -> None:
         for env in self.envs:

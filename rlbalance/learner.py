@@ -12,7 +12,7 @@ from .config import LearnerConfig
 from .model import ActorCritic
 from .vtrace import vtrace
 
-BATCH_KEYS = ("obs", "action", "logits", "reward", "done")
+BATCH_KEYS = ("obs", "action", "logits", "reward", "done", "truncated", "final_obs")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -24,7 +24,8 @@ class Learner:
 
     ``batch`` maps BATCH_KEYS to time-major tensors [T+1, N, ...]: index t holds the observation
     x_t, the action a_t taken there, the behaviour policy's logits, the reward r_t and done_t of
-    the transition x_t -> x_{t+1}. Row T supplies the bootstrap observation only.
+    the transition x_t -> x_{t+1}. Row T supplies the bootstrap observation only. Where an episode
+    was cut by a time limit (``truncated``), the target bootstraps from V(``final_obs``).
     """
 
     def __init__(self, model: ActorCritic, cfg: LearnerConfig, device: torch.device, total_steps: int,
@@ -65,9 +66,19 @@ class Learner:
         if cfg.reward_clip:
             rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
         discounts = (1.0 - b["done"][:t].float()) * cfg.discount
+        truncated = b["truncated"][:t]
+        if truncated.any():
+            # A time limit is not a terminal state: bootstrap from the value of the last observation.
+            with torch.no_grad():
+                _, v_final = self.model(b["final_obs"][:t][truncated])
+            rewards = rewards.clone()
+            rewards[truncated] += cfg.discount * v_final
         vt = vtrace(target_logp.detach() - behaviour_logp, discounts, rewards, values[:t].detach(), values[t].detach(),
                     cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho)
-        pg_loss = -(target_logp * vt.pg_advantages).mean()
+        adv = vt.pg_advantages
+        if cfg.normalize_advantages:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        pg_loss = -(target_logp * adv).mean()
         baseline_loss = 0.5 * ((vt.vs - values[:t]) ** 2).mean()
         entropy = -(target_logp_all.exp() * target_logp_all).sum(-1).mean()
         total = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy

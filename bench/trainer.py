@@ -1,0 +1,191 @@
+"""Trainer benchmark: env ceiling, learner ceiling and end-to-end FPS, measured in one run.
+
+- env ceiling: the same envs stepped with random actions by the same number of actor processes,
+  no learning;
+- learner ceiling: training steps on a batch already in memory (real observations from the env);
+- end to end: real training runs of fixed length at each actor count, sustained FPS after warm-up.
+
+Writes ``trainer-<workload>.json`` and ``.md`` (table of ratios) and a plot to the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlbalance import config as C
+from rlbalance.actor import actor_seed, init_process
+from rlbalance.buffers import RolloutBuffers
+from rlbalance.envs import EnvBatch, probe_spec
+from rlbalance.learner import Learner
+from rlbalance.model import build_model, resolve_device
+from rlbalance.rundir import hardware_stamp
+
+WORKLOADS = {
+    "cartpole": {},
+    "pong": {"env": {"id": "ALE/Pong-v5"}, "actors": {"envs_per_actor": 8},
+             "learner": {"batch_size": 32, "unroll_length": 20, "learning_rate": 6e-4, "reward_clip": 1.0,
+                         "max_grad_norm": 40.0, "torch_threads": 2}},
+    "synthetic": {"env": {"id": "synthetic", "synthetic_step_us": 20.0}},
+}
+
+
+def workload_config(name: str, extra: dict | None = None) -> C.Config:
+    return C.build(C.merge(WORKLOADS[name], extra or {}))
+
+
+def _env_worker(cfg: C.Config, actor_id: int, seconds: float, warmup: float, out_q) -> None:
+    cpus = (cfg.actors.cpu_affinity[actor_id % len(cfg.actors.cpu_affinity)],) if cfg.actors.cpu_affinity else None
+    init_process(1, cpus, actor_seed(cfg, actor_id))
+    envs = EnvBatch(cfg.env, cfg.actors.envs_per_actor, actor_seed(cfg, actor_id))
+    rng = np.random.default_rng(actor_id)
+    envs.reset()
+    n = envs.spec.num_actions
+    t0 = time.perf_counter()
+    steps, t_warm = 0, None
+    while True:
+        now = time.perf_counter()
+        if t_warm is None and now - t0 >= warmup:
+            t_warm, steps = now, 0
+        if now - t0 >= warmup + seconds:
+            break
+        envs.step(rng.integers(0, n, envs.k))
+        steps += envs.k
+    out_q.put(steps / (time.perf_counter() - t_warm))
+    envs.close()
+
+
+def env_ceiling(cfg: C.Config, num_actors: int, seconds: float = 5.0, warmup: float = 1.0) -> float:
+    """SPS of num_actors processes stepping the envs with random actions (no learning)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_env_worker, args=(cfg, i, seconds, warmup, q)) for i in range(num_actors)]
+    for p in procs:
+        p.start()
+    total = sum(q.get(timeout=seconds + warmup + 120) for _ in procs)
+    for p in procs:
+        p.join()
+    return total
+
+
+def learner_ceiling(cfg: C.Config, seconds: float = 5.0, warmup_updates: int = 3) -> dict:
+    """SPS of learner updates on one batch already in memory (observations from real env steps)."""
+    spec = probe_spec(cfg.env)
+    torch.set_num_threads(cfg.learner.torch_threads)
+    device = resolve_device(cfg.learner.device)
+    learner = Learner(build_model(cfg.learner, spec), cfg.learner, device, total_steps=10**12)
+    nb, k, t = cfg.buffers_per_batch, cfg.actors.envs_per_actor, cfg.learner.unroll_length
+    bufs = RolloutBuffers.allocate(nb, t, k, spec, shared=False)
+    envs = EnvBatch(cfg.env, k, 0)
+    obs = envs.reset()
+    rng = np.random.default_rng(0)
+    for j in range(nb):
+        v = bufs.view(j)
+        for i in range(t + 1):
+            v.obs[i] = obs
+            v.action[i] = rng.integers(0, spec.num_actions, k)
+            r = envs.step(v.action[i])
+            obs, v.reward[i], v.done[i] = r.obs, r.reward, r.done
+    envs.close()
+    batch = bufs.gather(list(range(nb)))
+    for _ in range(warmup_updates):
+        learner.train(batch)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        learner.train(batch)
+        n += 1
+    dt = time.perf_counter() - t0
+    sps = n * t * nb * k / dt
+    return {"sps": sps, "updates_per_s": n / dt, "device": str(device)}
+
+
+def end_to_end(cfg: C.Config, num_actors: int, steps: int, out_dir: Path, label: str) -> dict:
+    from rlbalance.train import train
+
+    cfg = replace(cfg, actors=replace(cfg.actors, num_actors=num_actors),
+                  run=replace(cfg.run, total_steps=steps, out_dir=str(out_dir),
+                              name=f"{label}-a{num_actors}-{int(time.time())}"),
+                  telemetry=replace(cfg.telemetry, progress=False, tensorboard=False))
+    return train(cfg)
+
+
+def run_workload(name: str, actor_counts: list[int], e2e_steps: int, seconds: float, out: Path,
+                 extra: dict | None = None, progress=print) -> dict:
+    cfg = workload_config(name, extra)
+    fps_mult = probe_spec(cfg.env).frames_per_step
+    progress(f"[{name}] learner ceiling ...")
+    lc = learner_ceiling(cfg, seconds)
+    rows = []
+    for a in actor_counts:
+        progress(f"[{name}] env ceiling, {a} actor(s) ...")
+        ec = env_ceiling(cfg, a, seconds)
+        progress(f"[{name}] end-to-end training, {a} actor(s), {e2e_steps:,} steps ...")
+        s = end_to_end(cfg, a, e2e_steps, out / "runs", name)
+        bound = min(ec, lc["sps"])
+        rows.append({"actors": a, "env_ceiling_sps": ec, "learner_ceiling_sps": lc["sps"],
+                     "e2e_sps": s["sps_sustained"], "e2e_fps": s["sps_sustained"] * fps_mult,
+                     "ratio_to_min_ceiling": s["sps_sustained"] / bound,
+                     "episode_return_last100": s["episode_return_last100"], "run_dir": s["run_dir"]})
+        progress(f"[{name}]   env {ec:,.0f} SPS, learner {lc['sps']:,.0f} SPS, e2e {s['sps_sustained']:,.0f} SPS "
+                 f"({rows[-1]['ratio_to_min_ceiling']:.0%} of min ceiling)")
+    best = max(rows, key=lambda r: r["e2e_sps"])
+    return {"workload": name, "frames_per_step": fps_mult, "config": cfg.to_dict(), "learner_ceiling": lc,
+            "rows": rows, "best": best}
+
+
+def write_results(results: list[dict], out: Path, note: str = "") -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = hardware_stamp()
+    doc = {"benchmark": "trainer", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "hardware": stamp,
+           "note": note, "workloads": results}
+    (out / "trainer.json").write_text(json.dumps(doc, indent=2, default=str))
+    lines = [f"# Trainer benchmark ({doc['date']})", "",
+             f"Machine: {stamp['cpu_model']}, {stamp['usable_cpus']} usable CPUs, "
+             f"GPUs: {[g['name'] for g in stamp['gpus']] or 'none'}; commit {stamp['git_commit']}.", "",
+             "SPS = env steps/s; FPS = SPS x frameskip. All figures measured in this one run.", ""]
+    for r in results:
+        lines += [f"## {r['workload']} (learner ceiling {r['learner_ceiling']['sps']:,.0f} SPS on "
+                  f"{r['learner_ceiling']['device']})", "",
+                  "| actors | env ceiling SPS | learner ceiling SPS | end-to-end SPS | end-to-end FPS | "
+                  "e2e / min(ceilings) | return (last 100) |", "|---|---|---|---|---|---|---|"]
+        for row in r["rows"]:
+            lines.append(f"| {row['actors']} | {row['env_ceiling_sps']:,.0f} | {row['learner_ceiling_sps']:,.0f} | "
+                         f"{row['e2e_sps']:,.0f} | {row['e2e_fps']:,.0f} | {row['ratio_to_min_ceiling']:.0%} | "
+                         f"{row['episode_return_last100']:.1f} |")
+        b = r["best"]
+        lines += ["", f"Best actor count: {b['actors']} ({b['e2e_sps']:,.0f} SPS, "
+                  f"{b['ratio_to_min_ceiling']:.0%} of min(env ceiling, learner ceiling)).", ""]
+    (out / "trainer.md").write_text("\n".join(lines) + "\n")
+    _plot(results, out / "trainer.png")
+    return out / "trainer.md"
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        a = [row["actors"] for row in r["rows"]]
+        m = r["frames_per_step"]
+        ax.plot(a, [row["env_ceiling_sps"] * m for row in r["rows"]], "s--", label="env ceiling")
+        ax.axhline(r["learner_ceiling"]["sps"] * m, color="tab:red", ls=":", label="learner ceiling")
+        ax.plot(a, [row["e2e_fps"] for row in r["rows"]], "o-", label="end-to-end")
+        ax.set_title(r["workload"])
+        ax.set_xlabel("actor processes")
+        ax.set_ylabel("FPS")
+        ax.set_xticks(a)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

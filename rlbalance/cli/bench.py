@@ -1,0 +1,48 @@
+"""Run a benchmark and write its figures to a results folder (default bench/results).
+
+  rlbalance bench trainer                      # CartPole and Pong, actor counts 1..cores
+  rlbalance bench trainer --workloads cartpole --actors 1,2 --steps 300000
+  rlbalance bench pong-curve --frames 2000000  # Pong learning curve over the first 2M frames
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=["trainer", "pong-curve"], help="which benchmark")
+    p.add_argument("--out", default="bench/results", help="results folder")
+    p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
+                   "(cartpole, pong, synthetic)")
+    p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..usable CPUs)")
+    p.add_argument("--steps", type=int, default=0, help="trainer: env steps per end-to-end run "
+                   "(default 500k CartPole, 100k Pong)")
+    p.add_argument("--seconds", type=float, default=5.0, help="trainer: seconds per ceiling measurement")
+    p.add_argument("--frames", type=int, default=2_000_000, help="pong-curve: frames to train")
+    p.add_argument("--num-actors", type=int, default=2, help="pong-curve: actor processes")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.name == "pong-curve":
+        from bench.pong_curve import run_curve
+
+        print(run_curve(args.frames, args.num_actors, out))
+        return 0
+    from bench.trainer import WORKLOADS, run_workload, write_results
+
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    counts = [int(x) for x in args.actors.split(",") if x] or list(range(1, max(ncpu, 1) + 1))
+    results = []
+    for w in [w for w in args.workloads.split(",") if w]:
+        if w not in WORKLOADS:
+            from rlbalance.config import ConfigError
+
+            raise ConfigError(f"--workloads: unknown workload {w!r}; choose from {sorted(WORKLOADS)}")
+        steps = args.steps or (500_000 if w != "pong" else 100_000)
+        results.append(run_workload(w, counts, steps, args.seconds, out))
+    print(f"wrote {write_results(results, out)}")
+    return 0

@@ -1,0 +1,39 @@
+"""CLI entry points and the benchmark on tiny budgets (smoke tests: they run the real code)."""
+
+import json
+import subprocess
+import sys
+
+from rlbalance.cli import main
+
+
+def test_cli_train_writes_summary(tmp_path, capsys):
+    rc = main(["train", "--run.total_steps", "6000", "--run.out_dir", str(tmp_path), "--run.name", "cli",
+               "--set", "telemetry.progress=false", "--telemetry.tensorboard", "false"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "sustained FPS" in out
+    s = json.load(open(tmp_path / "cli" / "summary.json"))
+    assert s["steps"] >= 6000
+    used = json.load(open(tmp_path / "cli" / "config.json"))
+    assert used["telemetry"]["tensorboard"] is False
+
+
+def test_cli_help_lists_documented_fields():
+    out = subprocess.run([sys.executable, "-m", "rlbalance", "train", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "--learner.batch_size" in out.stdout and "Unrolls (single-env trajectories)" in out.stdout
+
+
+def test_bench_trainer_tiny(tmp_path):
+    from bench.trainer import run_workload, write_results
+
+    r = run_workload("cartpole", [1], e2e_steps=6000, seconds=0.5, out=tmp_path, progress=lambda *_: None)
+    row = r["rows"][0]
+    assert row["env_ceiling_sps"] > 0 and row["learner_ceiling_sps"] > 0 and row["e2e_sps"] > 0
+    md = write_results([r], tmp_path)
+    text = md.read_text()
+    assert "| 1 |" in text and "e2e / min(ceilings)" in text
+    assert (tmp_path / "trainer.png").stat().st_size > 1000
+    doc = json.load(open(tmp_path / "trainer.json"))
+    assert doc["workloads"][0]["best"]["actors"] == 1

@@ -1,0 +1,91 @@
+"""Config: precedence (defaults < file < command line), validation naming the field, round trip."""
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rlbalance import config as C
+from rlbalance.cli import main
+
+
+def test_defaults_are_valid_and_documented():
+    cfg = C.build()
+    assert cfg.env.id == "CartPole-v1"
+    for sec, name, _default, doc in C.field_docs():
+        assert doc, f"{sec}.{name} has no documentation"
+
+
+def test_precedence_defaults_file_cli(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[learner]\nbatch_size = 64\nlearning_rate = 0.01\n[env]\nid = "Acrobot-v1"\n')
+    cfg = C.load(str(f), {"learner": {"learning_rate": "0.003"}})
+    assert cfg.learner.batch_size == 64          # from the file
+    assert cfg.learner.learning_rate == 0.003    # the command line beats the file
+    assert cfg.env.id == "Acrobot-v1"
+    assert cfg.learner.discount == 0.99          # default untouched
+
+
+def test_yaml_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("actors:\n  num_actors: 3\n  cpu_affinity: [0, 1]\n")
+    cfg = C.load(str(f))
+    assert cfg.actors.num_actors == 3 and cfg.actors.cpu_affinity == (0, 1)
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"learner": {"batch_size": 30}}, "learner.batch_size"),
+    ({"learner": {"discount": 1.5}}, "learner.discount"),
+    ({"inference": {"mode": "remote"}}, "inference.mode"),
+    ({"actors": {"num_actors": 0}}, "actors.num_actors"),
+    ({"learner": {"unroll_length": "abc"}}, "learner.unroll_length"),
+    ({"learner": {"nonsense": 1}}, "learner.nonsense"),
+])
+def test_bad_values_name_the_field(over, field):
+    with pytest.raises(C.ConfigError, match=field.replace(".", r"\.")):
+        C.build(over)
+
+
+def test_unknown_section_is_named():
+    with pytest.raises(C.ConfigError, match="lerner"):
+        C.build({"lerner": {"batch_size": 32}})
+
+
+def test_round_trip_through_json():
+    cfg = C.build({"env": {"synthetic_obs_shape": [4, 84, 84]}, "actors": {"cpu_affinity": "0,1"}})
+    again = C.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+
+
+def test_cli_reports_bad_value_before_anything_runs(tmp_path, capsys):
+    rc = main(["train", "--learner.batch_size", "33", "--run.out_dir", str(tmp_path)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "learner.batch_size" in err and "multiple of actors.envs_per_actor" in err
+    assert not any(tmp_path.iterdir())  # no run directory was created
+
+
+def test_cli_unknown_env_id(tmp_path, capsys):
+    rc = main(["train", "--env.id", "CartPol-v1", "--run.out_dir", str(tmp_path)])
+    assert rc == 2
+    assert "env.id='CartPol-v1'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+@settings(max_examples=60, deadline=None)
+@given(section=st.sampled_from(sorted(C.SECTIONS)), value=st.one_of(
+    st.integers(-10**6, 10**6), st.floats(allow_nan=True), st.text(max_size=8), st.booleans(),
+    st.lists(st.integers(-3, 100), max_size=3)))
+def test_loader_either_builds_or_names_the_field(section, value):
+    """Any value for any field either gives a valid frozen Config or a ConfigError naming that field."""
+    import dataclasses
+
+    for f in dataclasses.fields(C.SECTIONS[section]):
+        try:
+            cfg = C.build({section: {f.name: value}})
+        except C.ConfigError as e:
+            assert f"{section}.{f.name}" in str(e) or "multiple of" in str(e) or "buffers" in str(e)
+        else:
+            assert isinstance(cfg, C.Config)
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(getattr(cfg, section), f.name, value)

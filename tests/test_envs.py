@@ -1,0 +1,79 @@
+import numpy as np
+import pytest
+
+from rlbalance import config as C
+from rlbalance.envs import EnvBatch, probe_spec
+
+
+def test_cartpole_batch_same_step_autoreset():
+    envs = EnvBatch(C.EnvConfig(id="CartPole-v1"), 4, seed=0)
+    obs = envs.reset().copy()
+    assert obs.shape == (4, 4)
+    ended = 0
+    for _ in range(300):
+        r = envs.step(np.zeros(4, dtype=np.int64))  # always push left
+        obs, rew, done, ret, length = r.obs, r.reward, r.done, r.ep_return, r.ep_length
+        assert (rew == 1).all()
+        assert not r.truncated.any()  # pushing left falls over long before the 500-step limit
+        if done.any():
+            # the returned obs is the first of the next episode: near the reset state
+            assert np.abs(obs[done]).max() < 0.06
+            assert (ret[done] == length[done]).all() and (length[done] > 0).all()
+            ended += int(done.sum())
+    assert ended > 0
+    envs.close()
+
+
+def test_synthetic_env_costs_cpu_and_rewards_the_argmax_action():
+    cfg = C.EnvConfig(id="synthetic", synthetic_step_us=200.0, synthetic_obs_shape=(6,), synthetic_actions=3,
+                      synthetic_episode_len=5)
+    envs = EnvBatch(cfg, 4, seed=0)
+    obs = envs.reset().copy()
+    import time
+
+    t = time.thread_time()
+    best = obs[:, :3].argmax(axis=1)
+    r = envs.step(best)
+    assert time.thread_time() - t >= 4 * 200e-6 * 0.9  # real CPU work, K x step_us
+    assert (r.reward == 1).all()
+    for _ in range(4):
+        r = envs.step(np.zeros(4, dtype=np.int64))
+    assert r.done.all() and r.game_over.all()
+
+
+def test_atari_preprocessing_shapes():
+    spec = probe_spec(C.EnvConfig(id="ALE/Pong-v5"))
+    assert spec.obs_shape == (4, 84, 84) and spec.obs_dtype == np.uint8
+    assert spec.num_actions == 6 and spec.frames_per_step == 4
+
+
+def test_episodic_life_keeps_game_return():
+    cfg = C.EnvConfig(id="ALE/Breakout-v5", episodic_life=True, noop_max=0)
+    envs = EnvBatch(cfg, 1, seed=0)
+    envs.reset()
+    lives_lost = games = 0
+    for _ in range(3000):
+        r = envs.step(np.array([np.random.randint(4)]))
+        if r.done[0] and not r.game_over[0]:
+            lives_lost += 1
+        if r.game_over[0]:
+            games += 1
+            break
+    assert lives_lost >= 1  # learning episodes ended at life losses before the game was over
+    assert games == 1
+    envs.close()
+
+
+def test_unknown_env_id_is_a_clear_error():
+    with pytest.raises(C.ConfigError, match="not a registered environment"):
+        EnvBatch(C.EnvConfig(id="NoSuchEnv-v0"), 1, 0)
+
+
+def test_time_limit_is_a_truncation_with_the_final_observation():
+    envs = EnvBatch(C.EnvConfig(id="CartPole-v1", max_episode_steps=5), 2, seed=0)
+    envs.reset()
+    for i in range(5):
+        r = envs.step(np.array([i % 2, (i + 1) % 2]))
+    assert r.done.all() and r.truncated.all()
+    assert not np.array_equal(envs.final_obs, r.obs)  # final obs kept apart from the reset obs
+    envs.close()
