@@ -92,7 +92,7 @@ class ActorsConfig:
     """The CPU actors."""
 
     num_actors: int = _f(2, "Number of actor processes (each steps envs_per_actor environments).")
-    envs_per_actor: int = _f(16, "Environments per actor (K); one message carries K observations.")
+    envs_per_actor: int = _f(8, "Environments per actor (K); one message carries K observations.")
     cpu_affinity: tuple[int, ...] = _f((), "CPU cores the actors are pinned to, round-robin (empty: no pinning).")
     buffers_per_actor: int = _f(3, "Shared-memory unroll buffers per actor (more lets actors run ahead).")
 
@@ -129,9 +129,9 @@ class LearnerConfig:
     model: str = _f("auto", "'mlp', 'nature_cnn', or 'auto' (CNN for image observations, else MLP).")
     hidden_sizes: tuple[int, ...] = _f((64, 64), "MLP hidden layer sizes.")
     unroll_length: int = _f(20, "Unroll length T (steps per trajectory).")
-    batch_size: int = _f(32, "Unrolls (single-env trajectories) per learner batch, B; a multiple of "
+    batch_size: int = _f(16, "Unrolls (single-env trajectories) per learner batch, B; a multiple of "
                          "actors.envs_per_actor.")
-    learning_rate: float = _f(2e-3, "Initial Adam learning rate.")
+    learning_rate: float = _f(1e-3, "Initial Adam learning rate.")
     lr_schedule: str = _f("linear", "'linear' decay to 0 over run.total_steps, or 'constant'.")
     adam_eps: float = _f(1e-5, "Adam epsilon.")
     discount: float = _f(0.99, "Discount factor gamma.")
@@ -142,7 +142,7 @@ class LearnerConfig:
     clip_rho: float = _f(1.0, "V-trace rho-bar (importance weight clip for the value targets).")
     clip_c: float = _f(1.0, "V-trace c-bar (trace cutting).")
     clip_pg_rho: float = _f(1.0, "V-trace clip of the importance weight in the policy gradient.")
-    normalize_advantages: bool = _f(False, "Normalize the policy-gradient advantages over each batch (zero mean, unit "
+    normalize_advantages: bool = _f(True, "Normalize the policy-gradient advantages over each batch (zero mean, unit "
                                     "std); makes the policy step independent of the reward scale.")
     reward_clip: float = _f(0.0, "Clip rewards to [-x, x] (0: no clipping; Atari uses 1).")
     torch_threads: int = _f(1, "torch intra-op threads in the learner process.")

@@ -137,7 +137,7 @@ def make_single(cfg: EnvConfig, seed: int) -> gym.Env:
 
 
 def _check_id(cfg: EnvConfig) -> None:
-    if cfg.id == "synthetic":
+    if cfg.id == "synthetic" or cfg.backend == "envpool":
         return
     if cfg.is_atari:
         _register_ale()
@@ -148,6 +148,56 @@ def _check_id(cfg: EnvConfig) -> None:
                           "CartPole-v1, an ALE id such as ALE/Pong-v5, or 'synthetic'")
 
 
+class EnvPoolBatch:
+    """EnvPool's batched C++ envs, turned to same-step autoreset: where envs end, their reset is
+    stepped at once (EnvPool resets on the *next* step, ignoring its action)."""
+
+    def __init__(self, cfg: EnvConfig, k: int, seed: int):
+        try:
+            import envpool
+        except ImportError:
+            raise ConfigError("env.backend='envpool' but envpool is not installed: pip install envpool "
+                              "(or: pip install -e '.[envpool]'), or use env.backend=gymnasium") from None
+        task = cfg.id.removeprefix("ALE/")
+        kwargs: dict = {}
+        if cfg.is_atari:
+            kwargs = dict(episodic_life=cfg.episodic_life, reward_clip=False, noop_max=cfg.noop_max,
+                          frame_skip=cfg.frameskip, stack_num=cfg.frame_stack, img_height=cfg.screen_size,
+                          img_width=cfg.screen_size, repeat_action_probability=cfg.sticky_actions)
+            if cfg.max_episode_steps:
+                kwargs["max_episode_steps"] = cfg.max_episode_steps
+        elif cfg.max_episode_steps:
+            kwargs["max_episode_steps"] = cfg.max_episode_steps
+        if task not in envpool.list_all_envs():
+            raise ConfigError(f"env.id={cfg.id!r} is not an EnvPool task; use env.backend=gymnasium")
+        self.env = envpool.make_gymnasium(task, num_envs=k, seed=seed, **kwargs)
+        self.atari = cfg.is_atari
+        space = self.env.observation_space
+        self.spec = EnvSpec(tuple(space.shape), np.dtype(space.dtype), int(self.env.action_space.n),
+                            cfg.frameskip if cfg.is_atari else 1)
+        self.k = k
+
+    def reset(self) -> np.ndarray:
+        obs, _ = self.env.reset()
+        return obs
+
+    def step(self, actions: np.ndarray):
+        obs, rew, term, trunc, info = self.env.step(actions.astype(np.int32))
+        done = term | trunc
+        final = obs.copy() if trunc.any() else None
+        game_over = done.copy()
+        if self.atari and "lives" in info:
+            game_over = done & ((info["lives"] == 0) | trunc)
+        if done.any():
+            ids = np.nonzero(done)[0]
+            obs = obs.copy()
+            obs[ids], *_ = self.env.step(np.zeros(len(ids), dtype=np.int32), env_id=ids)
+        return obs, rew.astype(np.float32), done, trunc & ~term, game_over, final
+
+    def close(self) -> None:
+        self.env.close()
+
+
 class EnvBatch:
     """K environments stepped together. ``step`` returns obs, reward, done, and finished episodes."""
 
@@ -155,8 +205,12 @@ class EnvBatch:
         _check_id(cfg)
         self.cfg, self.k, self.seed = cfg, k, seed
         self.synthetic = None
+        self.pool = None
         self.envs: list[gym.Env] = []
-        if cfg.id == "synthetic":
+        if cfg.backend == "envpool" and cfg.id != "synthetic":
+            self.pool = EnvPoolBatch(cfg, k, seed)
+            self.spec = self.pool.spec
+        elif cfg.id == "synthetic":
             self.synthetic = SyntheticEnv(k, cfg.synthetic_obs_shape, cfg.synthetic_actions,
                                           cfg.synthetic_step_us, cfg.synthetic_episode_len, seed)
             self.spec = EnvSpec(tuple(cfg.synthetic_obs_shape), np.dtype(np.float32), cfg.synthetic_actions, 1)
@@ -180,6 +234,8 @@ class EnvBatch:
     def reset(self) -> np.ndarray:
         if self.synthetic is not None:
             self.obs[:] = self.synthetic.reset()
+        elif self.pool is not None:
+            self.obs[:] = self.pool.reset()
         else:
             for i, env in enumerate(self.envs):
                 self.obs[i], _ = env.reset(seed=self.seed + i)
@@ -197,6 +253,12 @@ class EnvBatch:
             self.reward[:] = rew
             self.done[:] = term | trunc
             game_over[:] = self.done
+        elif self.pool is not None:
+            obs, rew, done, trunc, over, final = self.pool.step(actions)
+            self.obs[:], self.reward[:], self.done[:], self.truncated[:] = obs, rew, done, trunc
+            game_over[:] = over
+            if trunc.any():
+                self.final_obs[trunc] = final[trunc]
         else:
             for i, env in enumerate(self.envs):
                 obs, rew, term, trunc, info = env.step(int(actions[i]))
@@ -221,6 +283,8 @@ class EnvBatch:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+        if self.pool is not None:
+            self.pool.close()
 
 
 def probe_spec(cfg: EnvConfig) -> EnvSpec:

@@ -77,3 +77,19 @@ def test_time_limit_is_a_truncation_with_the_final_observation():
     assert r.done.all() and r.truncated.all()
     assert not np.array_equal(envs.final_obs, r.obs)  # final obs kept apart from the reset obs
     envs.close()
+
+
+def test_envpool_backend_same_step_autoreset():
+    pytest.importorskip("envpool", reason="optional backend: pip install -e '.[envpool]'")
+    cfg = C.EnvConfig(id="CartPole-v1", backend="envpool")
+    envs = EnvBatch(cfg, 4, seed=0)
+    envs.reset()
+    ends = 0
+    for _ in range(100):
+        r = envs.step(np.zeros(4, dtype=np.int64))
+        assert (r.reward == 1).all()  # no zero-reward reset steps leak into the trajectory
+        if r.done.any():
+            assert np.abs(r.obs[r.done]).max() < 0.06  # already the next episode's first obs
+            ends += int(r.done.sum())
+    assert ends > 0
+    envs.close()

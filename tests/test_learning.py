@@ -1,0 +1,52 @@
+"""CartPole learns, with a fixed budget of environment steps (no wall-clock assertion).
+
+Must show (issue 2): mean return over the last 100 episodes >= 400 within 500k steps, with central
+inference and with actor-side inference; serial and parallel modes give the same curve shape.
+"""
+
+import json
+
+import pytest
+
+from rlbalance.train import train
+
+BUDGET = 500_000
+
+
+def _curve(run_dir):
+    recs = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+    return [(r["steps"], r["episode_return"]) for r in recs if r["episode_return"] is not None]
+
+
+def _first_crossing(curve, level):
+    return next((s for s, r in curve if r >= level), None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inference", ["central", "actor"])
+def test_cartpole_reaches_400_within_500k_steps(cfg_factory, inference):
+    s = train(cfg_factory(inference={"mode": inference}, run={"total_steps": BUDGET, "name": inference},
+                          telemetry={"tensorboard": False}))
+    curve = _curve(s["run_dir"])
+    best = max(r for _, r in curve)
+    assert s["steps"] <= BUDGET + 16 * 20  # the budget, rounded up to one learner batch
+    assert best >= 400, f"{inference}: best mean return (last 100 episodes) {best:.1f} < 400; curve {curve}"
+
+
+@pytest.mark.slow
+def test_serial_and_parallel_learn_alike(cfg_factory):
+    curves = {}
+    for mode in ("serial", "parallel"):
+        s = train(cfg_factory(run={"total_steps": 300_000, "name": f"shape-{mode}", "mode": mode, "seed": 3},
+                              telemetry={"tensorboard": False}))
+        curves[mode] = _curve(s["run_dir"])
+    for mode, c in curves.items():
+        early = [r for st, r in c if st <= 50_000]
+        late = [r for st, r in c if st >= 250_000]
+        # the same shape: low at first, then up by a large factor
+        assert max(early) < 100, (mode, c)
+        assert min(late) > 2.5 * max(early), (mode, c)
+    # and at a similar pace: both cross a return of 150 within 2x of each other's step count
+    cross = {m: _first_crossing(c, 150) for m, c in curves.items()}
+    assert all(cross.values()), cross
+    assert max(cross.values()) <= 2 * min(cross.values()), cross
