@@ -18,9 +18,9 @@ def test_defaults_are_valid_and_documented():
 
 def test_precedence_defaults_file_cli(tmp_path):
     f = tmp_path / "c.toml"
-    f.write_text('[learner]\nbatch_size = 64\nlearning_rate = 0.01\n[env]\nid = "Acrobot-v1"\n')
+    f.write_text('[learner]\nbatch_size = 32\nlearning_rate = 0.01\n[env]\nid = "Acrobot-v1"\n')
     cfg = C.load(str(f), {"learner": {"learning_rate": "0.003"}})
-    assert cfg.learner.batch_size == 64          # from the file
+    assert cfg.learner.batch_size == 32          # from the file
     assert cfg.learner.learning_rate == 0.003    # the command line beats the file
     assert cfg.env.id == "Acrobot-v1"
     assert cfg.learner.discount == 0.99          # default untouched
