@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rlbalance import config as C
-from rlbalance.actor import actor_seed, init_process
+from rlbalance.actor import actor_cpus, client_seed, init_process
 from rlbalance.buffers import RolloutBuffers
 from rlbalance.envs import EnvBatch, probe_spec
 from rlbalance.learner import Learner
@@ -42,12 +42,13 @@ def workload_config(name: str, extra: dict | None = None) -> C.Config:
 
 
 def _env_worker(cfg: C.Config, actor_id: int, seconds: float, warmup: float, out_q) -> None:
-    cpus = (cfg.actors.cpu_affinity[actor_id % len(cfg.actors.cpu_affinity)],) if cfg.actors.cpu_affinity else None
-    init_process(1, cpus, actor_seed(cfg, actor_id))
-    envs = EnvBatch(cfg.env, cfg.actors.envs_per_actor, actor_seed(cfg, actor_id))
+    g = cfg.actors.env_groups
+    init_process(1, actor_cpus(cfg, actor_id), client_seed(cfg, actor_id * g))
+    groups = [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, actor_id * g + i)) for i in range(g)]
     rng = np.random.default_rng(actor_id)
-    envs.reset()
-    n = envs.spec.num_actions
+    for envs in groups:
+        envs.reset()
+    n, k = groups[0].spec.num_actions, groups[0].k
     t0 = time.perf_counter()
     steps, t_warm = 0, None
     while True:
@@ -56,14 +57,16 @@ def _env_worker(cfg: C.Config, actor_id: int, seconds: float, warmup: float, out
             t_warm, steps = now, 0
         if now - t0 >= warmup + seconds:
             break
-        envs.step(rng.integers(0, n, envs.k))
-        steps += envs.k
+        for envs in groups:
+            envs.step(rng.integers(0, n, k))
+        steps += k * g
     out_q.put(steps / (time.perf_counter() - t_warm))
-    envs.close()
+    for envs in groups:
+        envs.close()
 
 
 def env_ceiling(cfg: C.Config, num_actors: int, seconds: float = 5.0, warmup: float = 1.0) -> float:
-    """SPS of num_actors processes stepping the envs with random actions (no learning)."""
+    """SPS of num_actors processes stepping the same envs (env_groups x K each) with random actions."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_env_worker, args=(cfg, i, seconds, warmup, q)) for i in range(num_actors)]

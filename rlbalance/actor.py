@@ -1,7 +1,9 @@
 """The actor role: step K environments, ask a policy for actions, fill unroll buffers.
 
-``Rollout.fill`` is the actor loop, shared by the serial runner and the actor processes;
-``actor_main`` is the process around it (one init function owning signals, threads, affinity).
+``Rollout.step`` is the actor loop's body, shared by the serial runner and the actor processes. A
+policy is asked in two halves, ``request(obs)`` then ``receive()``, so an actor process can step one
+env group while another group's request is in flight (double-buffered sampling). ``actor_main`` is
+the process around it: one init function owns signals, threads and CPU affinity.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import os
 import queue
 import signal
 import time
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -22,84 +24,118 @@ from .timing import StageTimer
 
 
 class Policy(Protocol):
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """Return (actions [K], logits [K, A], policy version) for observations [K, ...]."""
+    def request(self, obs: np.ndarray) -> None:
+        """Ask for actions for observations [K, ...] (may return before they are ready)."""
+
+    def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The answer to the last request: (actions [K], logits [K, A], policy version)."""
 
 
 class Rollout:
-    """One actor's envs and its current step; ``fill`` writes the next T steps into a buffer."""
+    """One env group and its place in the current unroll buffer."""
 
     def __init__(self, envs: EnvBatch, policy: Policy, timer: StageTimer | None = None):
         self.envs, self.policy = envs, policy
         self.timer = timer or StageTimer()
         with self.timer.stage("reset"):
-            obs = envs.reset()
-        with self.timer.stage("wait_action"):
-            self.action, self.logits, self.version = policy(obs)
-        self.obs = obs
+            self.obs = envs.reset()
+        policy.request(self.obs)
+        self.buf: UnrollView | None = None
+        self.t = 0
         self.steps = 0
 
+    def begin(self, buf: UnrollView) -> None:
+        self.buf, self.t = buf, 0
+
+    def step(self) -> bool:
+        """Take one step of all K envs into the buffer; True when the buffer is complete."""
+        buf, t, timer = self.buf, self.t, self.timer
+        with timer.stage("wait_action"):
+            action, logits, version = self.policy.receive()
+        if t == 0:
+            buf.version[...] = version
+        buf.obs[t] = self.obs
+        buf.action[t] = action
+        buf.logits[t] = logits
+        with timer.stage("env_step"):
+            r = self.envs.step(action)
+        buf.reward[t] = r.reward
+        buf.done[t] = r.done
+        buf.truncated[t] = r.truncated
+        if r.truncated.any():
+            buf.final_obs[t][r.truncated] = self.envs.final_obs[r.truncated]
+        buf.ep_end[t] = r.game_over
+        buf.ep_return[t] = r.ep_return
+        buf.ep_length[t] = r.ep_length
+        self.obs = r.obs
+        self.t += 1
+        self.steps += self.envs.k
+        complete = self.t == buf.action.shape[0] - 1
+        if complete:  # row T: the bootstrap observation (its action comes with the next buffer's row 0)
+            buf.obs[self.t] = self.obs
+            buf.reward[self.t] = 0
+            buf.done[self.t] = buf.truncated[self.t] = buf.ep_end[self.t] = False
+        self.policy.request(self.obs)
+        return complete
+
     def fill(self, buf: UnrollView) -> None:
-        timer, envs, policy = self.timer, self.envs, self.policy
-        t_len = buf.action.shape[0] - 1
-        buf.version[...] = self.version
-        for t in range(t_len):
-            buf.obs[t] = self.obs
-            buf.action[t] = self.action
-            buf.logits[t] = self.logits
-            with timer.stage("env_step"):
-                r = envs.step(self.action)
-            buf.reward[t] = r.reward
-            buf.done[t] = r.done
-            buf.truncated[t] = r.truncated
-            if r.truncated.any():
-                buf.final_obs[t][r.truncated] = envs.final_obs[r.truncated]
-            buf.ep_end[t] = r.game_over
-            buf.ep_return[t] = r.ep_return
-            buf.ep_length[t] = r.ep_length
-            with timer.stage("wait_action"):
-                self.action, self.logits, self.version = policy(r.obs)
-            self.obs = r.obs
-        buf.obs[t_len] = self.obs
-        buf.action[t_len] = self.action
-        buf.logits[t_len] = self.logits
-        buf.reward[t_len] = 0
-        buf.done[t_len] = False
-        buf.truncated[t_len] = False
-        buf.ep_end[t_len] = False
-        self.steps += t_len * envs.k
+        """Fill a whole buffer (the serial runner's way)."""
+        self.begin(buf)
+        while not self.step():
+            pass
 
 
 class CentralClient:
-    """Policy for central inference: write obs to this actor's slot, flag the server, wait."""
+    """Central inference: write obs to this group's slot, flag the server; later read the answer."""
 
-    def __init__(self, actor_id: int, slots: StepSlots, conn):
+    def __init__(self, client_id: int, slots: StepSlots, conn):
         self.conn = conn
-        self.obs = slots.obs[actor_id].numpy()
-        self.action = slots.action[actor_id].numpy()
-        self.logits = slots.logits[actor_id].numpy()
-        self.version = slots.version[actor_id : actor_id + 1].numpy()
+        self.obs = slots.obs[client_id].numpy()
+        self.action = slots.action[client_id].numpy()
+        self.logits = slots.logits[client_id].numpy()
+        self.version = slots.version[client_id : client_id + 1].numpy()
 
-    def __call__(self, obs: np.ndarray):
+    def request(self, obs: np.ndarray) -> None:
         self.obs[...] = obs
         self.conn.send_bytes(b"r")
+
+    def receive(self):
         self.conn.recv_bytes()
         return self.action, self.logits, int(self.version[0])
 
 
-class LocalPolicy:
-    """Policy for actor-side inference: a CPU copy of the model, synced every N learner updates."""
+class DirectPolicy:
+    """A policy evaluated at request time in this process (serial runner, actor-side inference)."""
+
+    def __init__(self, act, version_fn):
+        self.act, self.version_fn = act, version_fn
+        self.answer = None
+
+    def request(self, obs: np.ndarray) -> None:
+        actions, logits = self.act(obs)
+        self.answer = (actions, logits, self.version_fn())
+
+    def receive(self):
+        return self.answer
+
+
+class LocalModel:
+    """Actor-side inference: a CPU copy of the model, synced when sync_every learner updates passed.
+    One per actor process, shared by its env groups (each with its own DirectPolicy)."""
 
     def __init__(self, model: torch.nn.Module, weights: SharedWeights, lock, sync_every: int, seed: int):
         self.model, self.weights, self.lock, self.sync_every = model, weights, lock, sync_every
         self.generator = torch.Generator().manual_seed(seed)
         self.version = weights.load_into(model, lock)
 
-    def __call__(self, obs: np.ndarray):
+    def act(self, obs: np.ndarray):
         if int(self.weights.version[0]) - self.version >= self.sync_every:
             self.version = self.weights.load_into(self.model, self.lock)
         actions, logits = self.model.act(torch.from_numpy(obs), self.generator)
-        return actions.numpy(), logits.numpy(), self.version
+        return actions.numpy(), logits.numpy()
+
+    def policy(self) -> DirectPolicy:
+        return DirectPolicy(self.act, lambda: self.version)
 
 
 def init_process(torch_threads: int, cpus: tuple[int, ...] | None, seed: int) -> None:
@@ -112,43 +148,64 @@ def init_process(torch_threads: int, cpus: tuple[int, ...] | None, seed: int) ->
     np.random.seed(seed % (2**32))
 
 
-def actor_seed(cfg: Config, actor_id: int) -> int:
-    return cfg.run.seed * 1_000_003 + actor_id * cfg.actors.envs_per_actor
+def client_seed(cfg: Config, client_id: int) -> int:
+    """Seed of env group ``client_id`` (actor * env_groups + group); its envs take seed + 0..K-1."""
+    return cfg.run.seed * 1_000_003 + client_id * cfg.actors.envs_per_actor
 
 
-def actor_main(actor_id: int, cfg: Config, buffers: RolloutBuffers, free_q, full_q, stop_event, conn,
+def actor_cpus(cfg: Config, actor_id: int) -> tuple[int, ...] | None:
+    aff = cfg.actors.cpu_affinity
+    return (aff[actor_id % len(aff)],) if aff else None
+
+
+def actor_main(actor_id: int, cfg: Config, buffers: RolloutBuffers, free_q, full_q, stop_event, conns,
                slots: StepSlots | None, weights: SharedWeights | None, weights_lock, stats_q) -> None:
-    """Entry point of one actor process."""
-    cpus = None
-    if cfg.actors.cpu_affinity:
-        cpus = (cfg.actors.cpu_affinity[actor_id % len(cfg.actors.cpu_affinity)],)
-    seed = actor_seed(cfg, actor_id)
-    init_process(1, cpus, seed)
-    envs = EnvBatch(cfg.env, cfg.actors.envs_per_actor, seed)
+    """Entry point of one actor process: env_groups rollouts stepped in turn."""
+    g = cfg.actors.env_groups
+    clients = [actor_id * g + i for i in range(g)]
+    init_process(1, actor_cpus(cfg, actor_id), client_seed(cfg, clients[0]))
     timer = StageTimer()
+    envs = [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, c)) for c in clients]
     if cfg.inference.mode == "central":
-        policy: Callable = CentralClient(actor_id, slots, conn)
+        policies = [CentralClient(c, slots, conn) for c, conn in zip(clients, conns)]
     else:
         from .model import build_model
 
-        model = build_model(cfg.learner, envs.spec)
-        policy = LocalPolicy(model, weights, weights_lock, cfg.inference.sync_every, seed)
+        model = build_model(cfg.learner, envs[0].spec)
+        local = LocalModel(model, weights, weights_lock, cfg.inference.sync_every, client_seed(cfg, clients[0]))
+        policies = [local.policy() for _ in clients]
     try:
-        rollout = Rollout(envs, policy, timer)
+        rollouts = [Rollout(e, p, timer) for e, p in zip(envs, policies)]
+        owned = [_take(free_q, stop_event, timer) for _ in rollouts]
+        for r, idx in zip(rollouts, owned):
+            r.begin(buffers.view(idx))
         last_report = time.perf_counter()
         while not stop_event.is_set():
-            with timer.stage("wait_buffer"):
-                try:
-                    idx = free_q.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-            rollout.fill(buffers.view(idx))
-            full_q.put(idx)
+            for i, r in enumerate(rollouts):
+                if r.step():
+                    full_q.put(owned[i])
+                    owned[i] = _take(free_q, stop_event, timer)
+                    r.begin(buffers.view(owned[i]))
             now = time.perf_counter()
             if now - last_report > 1.0:
                 stats_q.put(("actor", actor_id, timer.snapshot(reset=True)))
                 last_report = now
-    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
-        pass  # the server closed the channel: shutdown
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt, _Stopped):
+        pass  # the server closed the channel or the learner asked us to stop
     finally:
-        envs.close()
+        for e in envs:
+            e.close()
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _take(free_q, stop_event, timer: StageTimer) -> int:
+    with timer.stage("wait_buffer"):
+        while not stop_event.is_set():
+            try:
+                return free_q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+    raise _Stopped

@@ -92,14 +92,20 @@ class ActorsConfig:
     """The CPU actors."""
 
     num_actors: int = _f(2, "Number of actor processes (each steps envs_per_actor environments).")
-    envs_per_actor: int = _f(8, "Environments per actor (K); one message carries K observations.")
+    envs_per_actor: int = _f(8, "Environments per env group (K): one message to the inference server carries K "
+                             "observations, and one unroll buffer holds K trajectories.")
+    env_groups: int = _f(2, "Env groups per actor process, stepped in turn: one group steps while the others "
+                         "await their actions (double-buffered sampling); the process runs env_groups*K envs.")
     cpu_affinity: tuple[int, ...] = _f((), "CPU cores the actors are pinned to, round-robin (empty: no pinning).")
-    buffers_per_actor: int = _f(3, "Shared-memory unroll buffers per actor (more lets actors run ahead).")
+    buffers_per_actor: int = _f(0, "Shared-memory unroll buffers per env group (0: enough for two learner "
+                                "batches plus one per group); more lets actors run further ahead.")
 
     def __post_init__(self) -> None:
         _require(self.num_actors >= 1, "actors.num_actors", self.num_actors, "must be >= 1")
         _require(self.envs_per_actor >= 1, "actors.envs_per_actor", self.envs_per_actor, "must be >= 1")
-        _require(self.buffers_per_actor >= 2, "actors.buffers_per_actor", self.buffers_per_actor, "must be >= 2")
+        _require(self.env_groups >= 1, "actors.env_groups", self.env_groups, "must be >= 1")
+        _require(self.buffers_per_actor == 0 or self.buffers_per_actor >= 2, "actors.buffers_per_actor",
+                 self.buffers_per_actor, "must be 0 (automatic) or >= 2")
         _require(all(c >= 0 for c in self.cpu_affinity), "actors.cpu_affinity", self.cpu_affinity,
                  "core ids must be >= 0")
 
@@ -111,7 +117,8 @@ class InferenceConfig:
     mode: str = _f("central", "'central': one server on the learner device batches all actors (SEED); "
                    "'actor': each actor runs the policy on its CPU (IMPALA).")
     max_batch: int = _f(0, "Central: most environments in one forward pass (0: all actors' envs).")
-    max_wait_ms: float = _f(1.0, "Central: longest wait for a fuller batch once one request is in.")
+    max_wait_ms: float = _f(0.0, "Central: longest wait for a fuller batch once one request is in (0: serve "
+                            "every request already there at once, the lowest latency).")
     sync_every: int = _f(1, "Actor mode: copy new weights when this many learner updates have passed.")
 
     def __post_init__(self) -> None:
@@ -216,11 +223,12 @@ class Config:
         _require(self.learner.batch_size % k == 0, "learner.batch_size", self.learner.batch_size,
                  f"must be a multiple of actors.envs_per_actor={k}, since each actor buffer holds {k} unrolls "
                  f"(try {max(k, round(self.learner.batch_size / k) * k)})")
-        buffers_needed = self.learner.batch_size // k
-        total = self.actors.num_actors * self.actors.buffers_per_actor
-        _require(total > buffers_needed, "actors.buffers_per_actor", self.actors.buffers_per_actor,
-                 f"num_actors*buffers_per_actor={total} must exceed the {buffers_needed} buffers one learner "
-                 f"batch takes, or actors would stall; raise it to {buffers_needed // self.actors.num_actors + 2}")
+        if self.actors.buffers_per_actor:
+            need = self.buffers_per_batch + self.num_clients
+            _require(self.num_buffers >= need, "actors.buffers_per_actor", self.actors.buffers_per_actor,
+                     f"{self.num_clients} env groups x {self.actors.buffers_per_actor} = {self.num_buffers} buffers; "
+                     f"one learner batch takes {self.buffers_per_batch} while every group fills one, so at least "
+                     f"{need} are needed or actors stall: raise it to {-(-need // self.num_clients)} or use 0")
         if self.inference.max_batch:
             _require(self.inference.max_batch >= k, "inference.max_batch", self.inference.max_batch,
                      f"must be 0 or >= actors.envs_per_actor={k} (one actor's envs go in one forward pass)")
@@ -228,6 +236,17 @@ class Config:
     @property
     def buffers_per_batch(self) -> int:
         return self.learner.batch_size // self.actors.envs_per_actor
+
+    @property
+    def num_clients(self) -> int:
+        """Env groups in all: each fills its own buffers and is one client of the inference server."""
+        return self.actors.num_actors * self.actors.env_groups
+
+    @property
+    def num_buffers(self) -> int:
+        if self.actors.buffers_per_actor:
+            return self.num_clients * self.actors.buffers_per_actor
+        return 2 * self.buffers_per_batch + self.num_clients
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -23,7 +23,7 @@ class InferenceServer(threading.Thread):
         super().__init__(name="inference", daemon=True)
         self.model, self.slots, self.conns, self.device = model, slots, conns, device
         self.k = envs_per_actor
-        self.max_actors = max(1, (max_batch or envs_per_actor * len(conns)) // envs_per_actor)
+        self.max_clients = max(1, (max_batch or envs_per_actor * len(conns)) // envs_per_actor)
         self.max_wait = max_wait_ms / 1000.0
         self.model_lock, self.version_fn = model_lock, version_fn
         self.stop_event = threading.Event()
@@ -37,22 +37,25 @@ class InferenceServer(threading.Thread):
         self._conn_index = {id(c): i for i, c in enumerate(conns)}
 
     def _collect(self, pending: list[int]) -> list[int]:
-        """Wait for requests; return the actor ids to serve now (at most max_actors, oldest first)."""
+        """Wait for requests; return the client (env group) ids to serve now, oldest first.
+
+        Blocks until one request is in, takes every other request already there, then waits up to
+        max_wait for more while the batch is below max_batch (max_wait 0: serve what is ready)."""
         waiting = [c for i, c in enumerate(self.conns) if i not in pending]
         deadline = None
-        while len(pending) < self.max_actors and waiting and not self.stop_event.is_set():
-            if pending:
-                deadline = deadline or time.perf_counter() + self.max_wait
+        while len(pending) < self.max_clients and waiting and not self.stop_event.is_set():
+            if not pending:
+                timeout = 0.1
+            elif deadline is None:
+                timeout = 0.0  # first sweep up what is already there
+                deadline = time.perf_counter() + self.max_wait
+            else:
                 timeout = deadline - time.perf_counter()
                 if timeout <= 0:
                     break
-            else:
-                timeout = 0.1
             ready = wait(waiting, timeout=timeout)
-            if not ready:
-                if pending:
-                    break
-                continue
+            if not ready and pending and (timeout > 0 or self.max_wait == 0):
+                break
             for c in ready:
                 c.recv_bytes()
                 pending.append(self._conn_index[id(c)])
@@ -75,7 +78,7 @@ class InferenceServer(threading.Thread):
                 pending = self._collect(pending)
             if not pending:
                 continue
-            ids, pending = pending[: self.max_actors], pending[self.max_actors:]
+            ids, pending = pending[: self.max_clients], pending[self.max_clients:]
             idx = torch.tensor(ids)
             with timer.stage("h2d"):
                 if self.pinned is not None:

@@ -25,18 +25,23 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(self.baseline.weight, 1.0)
         nn.init.zeros_(self.baseline.bias)
 
+    @staticmethod
+    def _prep(obs: torch.Tensor) -> torch.Tensor:
+        return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        x = self._prep(obs)
         h = self.torso(x)
         hv = h if self.value_torso is None else self.value_torso(x)
         return self.policy(h), self.baseline(hv).squeeze(-1)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample actions; returns (actions [N] int64, logits [N, A])."""
-        logits, _ = self.forward(obs)
-        probs = torch.softmax(logits, dim=-1)
-        actions = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        """Sample actions; returns (actions [N] int64, logits [N, A]). The value head is not evaluated."""
+        logits = self.policy(self.torso(self._prep(obs)))
+        # Gumbel-max: argmax(logits + Gumbel noise) is a sample from softmax(logits).
+        u = torch.rand(logits.shape, generator=generator, device=logits.device).clamp_(1e-20, 1.0)
+        actions = (logits - torch.log(-torch.log(u))).argmax(dim=-1)
         return actions, logits
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .actor import LocalPolicy, Rollout, actor_main, actor_seed
+from .actor import DirectPolicy, LocalModel, Rollout, actor_main, client_seed
 from .buffers import RolloutBuffers, SharedWeights, StepSlots
 from .config import Config
 from .envs import EnvBatch, EnvSpec, probe_spec
@@ -122,28 +122,31 @@ class Session:
 
 def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> None:
     """Everything in one process: the same Rollout, model and Learner as the parallel runner."""
-    a, k = cfg.actors.num_actors, cfg.actors.envs_per_actor
+    k, g = cfg.actors.envs_per_actor, cfg.actors.env_groups
     device = learner.device
-    gen = torch.Generator(device=device).manual_seed(cfg.run.seed)
     if cfg.inference.mode == "central":
-        def policy(obs):
+        gen = torch.Generator(device=device).manual_seed(cfg.run.seed)
+
+        def act(obs):
             actions, logits = learner.model.act(torch.from_numpy(obs).to(device), gen)
-            return actions.cpu().numpy(), logits.cpu().numpy(), learner.updates
-        policies = [policy] * a
+            return actions.cpu().numpy(), logits.cpu().numpy()
+
+        policies = [DirectPolicy(act, lambda: learner.updates) for _ in range(cfg.num_clients)]
     else:
         weights = SharedWeights.allocate(learner.model)
         lock = threading.Lock()
         policies = []
-        for i in range(a):
-            policies.append(LocalPolicy(build_model(cfg.learner, spec), weights, lock, cfg.inference.sync_every,
-                                        actor_seed(cfg, i)))
-    rollouts = [Rollout(EnvBatch(cfg.env, k, actor_seed(cfg, i)), policies[i]) for i in range(a)]
+        for a in range(cfg.actors.num_actors):
+            local = LocalModel(build_model(cfg.learner, spec), weights, lock, cfg.inference.sync_every,
+                               client_seed(cfg, a * g))
+            policies += [local.policy() for _ in range(g)]
+    rollouts = [Rollout(EnvBatch(cfg.env, k, client_seed(cfg, c)), policies[c]) for c in range(cfg.num_clients)]
     nb = cfg.buffers_per_batch
     buffers = RolloutBuffers.allocate(nb, cfg.learner.unroll_length, k, spec, shared=False)
     turn = 0
     while not session.done():
         for j in range(nb):
-            rollouts[turn % a].fill(buffers.view(j))
+            rollouts[turn % len(rollouts)].fill(buffers.view(j))
             turn += 1
         batch = buffers.gather(list(range(nb)))
         stats = learner.train(batch)
@@ -162,22 +165,22 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
     """Actor processes over shared memory; central inference as a thread beside the learner loop."""
     ctx = mp.get_context("spawn")
     a, k, t = cfg.actors.num_actors, cfg.actors.envs_per_actor, cfg.learner.unroll_length
-    n_buf = a * cfg.actors.buffers_per_actor
+    g, n_clients, n_buf = cfg.actors.env_groups, cfg.num_clients, cfg.num_buffers
     buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=True)
     free_q, full_q, stats_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
     for i in range(n_buf):
         free_q.put(i)
     stop = ctx.Event()
     central = cfg.inference.mode == "central"
-    slots = StepSlots.allocate(a, k, spec, shared=True) if central else None
+    slots = StepSlots.allocate(n_clients, k, spec, shared=True) if central else None
     weights = None if central else SharedWeights.allocate(learner.model)
     weights_lock = ctx.Lock()
-    pipes = [ctx.Pipe(duplex=True) for _ in range(a)] if central else [(None, None)] * a
+    pipes = [ctx.Pipe(duplex=True) for _ in range(n_clients)] if central else [(None, None)] * n_clients
     procs = []
     for i in range(a):
         p = ctx.Process(target=actor_main, name=f"rlbalance-actor-{i}", daemon=True,
-                        args=(i, cfg, buffers, free_q, full_q, stop, pipes[i][1], slots, weights, weights_lock,
-                              stats_q))
+                        args=(i, cfg, buffers, free_q, full_q, stop, [c for _, c in pipes[i * g:(i + 1) * g]],
+                              slots, weights, weights_lock, stats_q))
         p.start()
         procs.append(p)
     for _, child_end in pipes:

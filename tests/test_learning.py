@@ -22,11 +22,16 @@ def _first_crossing(curve, level):
     return next((s for s, r in curve if r >= level), None)
 
 
+# Actor-side inference gains nothing from double-buffered env groups (the policy runs in the actor),
+# and a short buffer queue keeps its policy lag low: one group, two buffers per actor.
+MODES = {"central": {}, "actor": {"actors": {"env_groups": 1, "buffers_per_actor": 2}}}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("inference", ["central", "actor"])
+@pytest.mark.parametrize("inference", list(MODES))
 def test_cartpole_reaches_400_within_500k_steps(cfg_factory, inference):
     s = train(cfg_factory(inference={"mode": inference}, run={"total_steps": BUDGET, "name": inference},
-                          telemetry={"tensorboard": False}))
+                          telemetry={"tensorboard": False}, **MODES[inference]))
     curve = _curve(s["run_dir"])
     best = max(r for _, r in curve)
     assert s["steps"] <= BUDGET + 16 * 20  # the budget, rounded up to one learner batch
@@ -38,10 +43,10 @@ def test_serial_and_parallel_learn_alike(cfg_factory):
     curves = {}
     for mode in ("serial", "parallel"):
         s = train(cfg_factory(run={"total_steps": 300_000, "name": f"shape-{mode}", "mode": mode, "seed": 3},
-                              telemetry={"tensorboard": False}))
+                              telemetry={"tensorboard": False, "log_interval_s": 0.2}))
         curves[mode] = _curve(s["run_dir"])
     for mode, c in curves.items():
-        early = [r for st, r in c if st <= 20_000]
+        early = [r for st, r in c if st <= 30_000] or [c[0][1]]
         late = [r for st, r in c if st >= 250_000]
         # the same shape: low at first, then up by a large factor
         assert max(early) < 100, (mode, c)

@@ -17,9 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
                    "(cartpole, pong, synthetic)")
-    p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..usable CPUs)")
+    p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..2x usable CPUs)")
     p.add_argument("--steps", type=int, default=0, help="trainer: env steps per end-to-end run "
-                   "(default 500k CartPole, 100k Pong)")
+                   "(default 500k CartPole, 25k Pong)")
     p.add_argument("--seconds", type=float, default=5.0, help="trainer: seconds per ceiling measurement")
     p.add_argument("--frames", type=int, default=2_000_000, help="pong-curve: frames to train")
     p.add_argument("--num-actors", type=int, default=2, help="pong-curve: actor processes")
@@ -35,14 +35,14 @@ def run(args: argparse.Namespace) -> int:
     from bench.trainer import WORKLOADS, run_workload, write_results
 
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    counts = [int(x) for x in args.actors.split(",") if x] or list(range(1, max(ncpu, 1) + 1))
+    counts = [int(x) for x in args.actors.split(",") if x] or list(range(1, 2 * max(ncpu, 1) + 1))
     results = []
     for w in [w for w in args.workloads.split(",") if w]:
         if w not in WORKLOADS:
             from rlbalance.config import ConfigError
 
             raise ConfigError(f"--workloads: unknown workload {w!r}; choose from {sorted(WORKLOADS)}")
-        steps = args.steps or (500_000 if w != "pong" else 100_000)
+        steps = args.steps or (500_000 if w != "pong" else 25_000)
         results.append(run_workload(w, counts, steps, args.seconds, out))
     print(f"wrote {write_results(results, out)}")
     return 0
