@@ -193,6 +193,7 @@ def actor_main(actor_id: int, cfg: Config, buffers: RolloutBuffers, free_q, full
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt, _Stopped):
         pass  # the server closed the channel or the learner asked us to stop
     finally:
+        stats_q.put(("actor", actor_id, timer.snapshot(reset=True)))  # the last stage times
         for e in envs:
             e.close()
 

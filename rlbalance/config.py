@@ -182,11 +182,23 @@ class TelemetryConfig:
     log_interval_s: float = _f(2.0, "Seconds between metric records (JSONL and TensorBoard).")
     tensorboard: bool = _f(True, "Write TensorBoard event files beside metrics.jsonl.")
     progress: bool = _f(True, "Show a progress bar with FPS and return.")
-    warmup_s: float = _f(3.0, "Seconds excluded from the sustained FPS figure at the start.")
+    warmup_s: float = _f(3.0, "Seconds excluded from the sustained FPS figure and the verdict at the start.")
+    hardware_interval_s: float = _f(1.0, "Seconds between hardware samples (CPU per core, RSS, GPU, power); "
+                                    "0 turns the sampler off.")
+    report: bool = _f(True, "Write report.html (plots, stage breakdown, verdict) at the end of the run.")
+    cpu_watts_per_core: float = _f(10.0, "Power model: watts per fully busy CPU core (used where RAPL is unreadable).")
+    cpu_idle_watts: float = _f(20.0, "Power model: CPU package idle watts.")
+    gpu_idle_watts: float = _f(60.0, "Power model: GPU idle watts (used for planning; a GPU present is measured).")
+    gpu_busy_watts: float = _f(300.0, "Power model: GPU watts at full load.")
+    base_watts: float = _f(100.0, "Power model: the rest of the node (memory, disks, fans), always modeled.")
 
     def __post_init__(self) -> None:
         _require(self.log_interval_s > 0, "telemetry.log_interval_s", self.log_interval_s, "must be > 0")
         _require(self.warmup_s >= 0, "telemetry.warmup_s", self.warmup_s, "must be >= 0")
+        _require(self.hardware_interval_s >= 0, "telemetry.hardware_interval_s", self.hardware_interval_s,
+                 "must be >= 0 (0: off)")
+        for name in ("cpu_watts_per_core", "cpu_idle_watts", "gpu_idle_watts", "gpu_busy_watts", "base_watts"):
+            _require(getattr(self, name) >= 0, f"telemetry.{name}", getattr(self, name), "must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ session log, checkpoint and decide when to stop.
 
 from __future__ import annotations
 
-import math
 import multiprocessing as mp
 import queue
 import threading
@@ -22,102 +21,10 @@ from .config import Config
 from .envs import EnvBatch, EnvSpec, probe_spec
 from .inference import InferenceServer
 from .learner import Learner
-from .metrics import EpisodeStats, MetricsLogger, Progress
-from .model import build_model, resolve_device, resolve_model
+from .metrics import EpisodeStats
+from .model import build_model, resolve_device
 from .rundir import RunDir
-from .timing import StageTimer
-
-
-class Session:
-    """What both runners share: metrics, checkpoints, progress, stop conditions, the summary."""
-
-    def __init__(self, cfg: Config, run: RunDir, learner: Learner, spec: EnvSpec, episodes: EpisodeStats):
-        self.cfg, self.run, self.learner, self.spec, self.episodes = cfg, run, learner, spec, episodes
-        self.logger = MetricsLogger(run.path, cfg.telemetry.tensorboard, spec.frames_per_step,
-                                    cfg.telemetry.warmup_s, start_steps=learner.steps)
-        self.progress = Progress(cfg.run.total_steps, cfg.telemetry.progress, start=learner.steps)
-        self.timer = StageTimer()
-        self.start_steps = learner.steps
-        self.t_start = time.perf_counter()
-        self.last_log = self.last_ckpt = self.t_start
-        self.curve: list[tuple[int, float]] = []
-        self.last_train: dict[str, float] = {}
-        self.policy_lag: list[float] = []
-        self.role_stats: dict[str, dict] = {}
-        self.extra_scalars: dict[str, float] = {}
-
-    def done(self) -> bool:
-        if self.learner.steps >= self.cfg.run.total_steps:
-            return True
-        return bool(self.cfg.run.max_seconds) and time.perf_counter() - self.t_start >= self.cfg.run.max_seconds
-
-    def after_update(self, batch: dict[str, torch.Tensor], train_stats: dict[str, float]) -> None:
-        self.episodes.add_from_batch(batch["ep_return"][:-1].numpy(), batch["ep_length"][:-1].numpy(),
-                                     batch["ep_end"][:-1].numpy())
-        lag = float(self.learner.updates - 1 - batch["version"].float().mean())
-        self.policy_lag.append(lag)
-        self.last_train = train_stats
-        for k in ("time_h2d", "time_fwd_bwd", "time_optim", "time_gpu_train"):
-            if k in train_stats:
-                self.timer.add(k.removeprefix("time_"), train_stats[k])
-        self.logger.note_steps(self.learner.steps)
-        now = time.perf_counter()
-        if now - self.last_log >= self.cfg.telemetry.log_interval_s:
-            self.log(now)
-        if now - self.last_ckpt >= self.cfg.run.checkpoint_interval_s:
-            self.checkpoint()
-
-    def log(self, now: float | None = None) -> dict:
-        now = now or time.perf_counter()
-        steps = self.learner.steps
-        scalars = {f"loss/{k}": v for k, v in self.last_train.items() if not k.startswith("time_")}
-        scalars.update({
-            "episode_return": self.episodes.mean_return(), "episode_length": self.episodes.mean_length(),
-            "episodes": self.episodes.count, "updates": self.learner.updates,
-            "policy_lag": float(np.mean(self.policy_lag)) if self.policy_lag else math.nan,
-        })
-        snap = self.timer.snapshot(reset=True)
-        scalars.update({f"learner/share_{k}": v for k, v in StageTimer.shares(snap).items()})
-        for role, snap in self.role_stats.items():
-            scalars.update({f"{role}/share_{k}": v for k, v in StageTimer.shares(snap).items()})
-        scalars.update(self.extra_scalars)
-        self.policy_lag.clear()
-        rec = self.logger.log(steps, scalars)
-        self.curve.append((steps, scalars["episode_return"]))
-        self.progress.update(steps, rec["fps"], scalars["episode_return"])
-        self.last_log = now
-        return rec
-
-    def checkpoint(self) -> Path:
-        self.last_ckpt = time.perf_counter()
-        state = self.learner.state_dict()
-        state.update(episodes_returns=list(self.episodes.returns), episodes_lengths=list(self.episodes.lengths),
-                     episodes_count=self.episodes.count, torch_rng=torch.get_rng_state())
-        return self.run.save_checkpoint(state)
-
-    def finish(self, outcome: str) -> dict:
-        self.log()
-        ckpt = self.checkpoint()
-        self.progress.close()
-        steps = self.learner.steps
-        wall = time.perf_counter() - self.t_start
-        sps = self.logger.sustained_sps(steps)
-        summary = {
-            "outcome": outcome, "env": self.cfg.env.id, "mode": self.cfg.run.mode,
-            "inference": self.cfg.inference.mode, "model": resolve_model(self.cfg.learner, self.spec),
-            "device": str(self.learner.device), "steps": steps, "frames": steps * self.spec.frames_per_step,
-            "updates": self.learner.updates, "wall_s": wall,
-            "sps_sustained": sps, "fps_sustained": sps * self.spec.frames_per_step,
-            "sps_overall": (steps - self.start_steps) / max(wall, 1e-9),
-            "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
-            "checkpoint": str(ckpt), "run_dir": str(self.run.path),
-            "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        from .rundir import atomic_write_json
-
-        atomic_write_json(self.run.path / "summary.json", summary)
-        self.logger.close()
-        return summary
+from .session import Session
 
 
 def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> None:
@@ -183,6 +90,8 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
                               slots, weights, weights_lock, stats_q))
         p.start()
         procs.append(p)
+        if session.sampler is not None:
+            session.sampler.watch("actor", p.pid)
     for _, child_end in pipes:
         if child_end is not None:
             child_end.close()
@@ -223,6 +132,7 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=2)
+        _drain_stats(stats_q, session, server, full_q, free_q, final=True)
         for q in (free_q, full_q, stats_q):
             q.cancel_join_thread()
             q.close()
@@ -237,29 +147,20 @@ def _check_health(procs, server) -> None:
                            f"{[p.exitcode for p in dead]}; see the actor's traceback above")
 
 
-def _drain_stats(stats_q, session: Session, server, full_q, free_q) -> None:
-    agg: dict[str, float] = {}
-    wall = 0.0
-    n = 0
+def _drain_stats(stats_q, session: Session, server, full_q, free_q, final: bool = False) -> None:
     while True:
         try:
-            _role, _i, snap = stats_q.get_nowait()
+            role, _i, snap = stats_q.get_nowait()
         except queue.Empty:
             break
-        for key, v in snap["seconds"].items():
-            agg[key] = agg.get(key, 0.0) + v
-        wall += snap["wall_s"]
-        n += 1
-    if n:
-        session.role_stats["actor"] = {"wall_s": wall, "seconds": agg, "count": {}}
-    if server is not None:
-        snap = server.timer.snapshot(reset=False)
-        if snap["wall_s"] > 1.0:
-            session.role_stats["inference"] = server.timer.snapshot(reset=True)
-            sizes = server.batch_sizes
-            if sizes:
-                session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))
-                sizes.clear()
+        session.role_snapshot(role, snap)
+    if server is not None and (final or server.timer.snapshot()["wall_s"] > 1.0):
+        session.role_snapshot("inference", server.timer.snapshot(reset=True))
+        sizes, server.batch_sizes = server.batch_sizes, []
+        if sizes:
+            session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))
+            if session.warm:
+                session.batch_sizes.update(sizes)
     try:
         session.extra_scalars["queue/full"] = float(full_q.qsize())
         session.extra_scalars["queue/free"] = float(free_q.qsize())
@@ -267,8 +168,11 @@ def _drain_stats(stats_q, session: Session, server, full_q, free_q) -> None:
         pass
 
 
-def train(cfg: Config, resume: str | Path | None = None) -> dict:
-    """Train with ``cfg`` (or continue the run directory ``resume``); returns the run summary."""
+def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict:
+    """Train with ``cfg`` (or continue the run directory ``resume``); returns the run summary.
+
+    ``after_run(learner, spec)``, if given, runs after training and before the final checkpoint and
+    report (``rlbalance profile`` captures its kernel view there)."""
     spec = probe_spec(cfg.env)  # a bad env id fails here, before any process starts
     device = resolve_device(cfg.learner.device)
     torch.manual_seed(cfg.run.seed)
@@ -291,15 +195,18 @@ def train(cfg: Config, resume: str | Path | None = None) -> dict:
     run.write_meta({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from_steps": learner.steps,
                     "env_spec": {"obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
                                  "num_actions": spec.num_actions, "frames_per_step": spec.frames_per_step}})
-    session = Session(cfg, run, learner, spec, episodes)
-    session.model_lock = model_lock
+    session = Session(cfg, run, learner, spec, episodes, model_lock)
     outcome = "completed"
     try:
         (run_serial if cfg.run.mode == "serial" else run_parallel)(cfg, spec, learner, session)
+        if after_run is not None:
+            after_run(learner, spec)
     except KeyboardInterrupt:
         outcome = "interrupted"
     except BaseException:
         session.progress.close()
+        if session.sampler is not None:
+            session.sampler.stop()
         raise
     summary = session.finish(outcome)
     return summary

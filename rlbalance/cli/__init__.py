@@ -10,6 +10,8 @@ from ..config import ConfigError
 
 SUBCOMMANDS = {
     "train": "Train an agent (SEED-style central inference or IMPALA-style actor inference).",
+    "profile": "Train briefly, then a torch.profiler kernel view of inference and training.",
+    "report": "Write a run's HTML report (plots, stage breakdown, verdict) and CSV files.",
     "bench": "Measure env ceiling, learner ceiling and end-to-end FPS; write bench/results.",
 }
 

@@ -52,8 +52,13 @@ def _print_summary(s: dict) -> None:
             ("sustained SPS (after warm-up)", f"{s['sps_sustained']:,.0f}"),
             ("sustained FPS (after warm-up)", f"{s['fps_sustained']:,.0f}"),
             ("mean return, last 100 episodes", f"{s['episode_return_last100']:.1f}"),
-            ("episodes", f"{s['episodes']:,}"), ("run directory", s["run_dir"])]
+            ("episodes", f"{s['episodes']:,}"), ("bottleneck verdict", s["verdict"]),
+            ("node power", f"{s['node_power_w']['value']:.0f} W ({s['node_power_w']['source']})"
+             if s.get("node_power_w") else "n/a"),
+            ("run directory", s["run_dir"])]
     for k, v in rows:
         table.add_row(k, str(v))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print(f"[bold]{s['verdict']}[/bold]: {s['verdict_evidence']}.\n[bold]advice[/bold]: {s['verdict_advice']}.")
     print(json.dumps({"summary": s["run_dir"] + "/summary.json"}))

@@ -1,0 +1,190 @@
+"""What both runners share: metrics, telemetry, checkpoints, progress, stop conditions, the summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import Config
+from .envs import EnvSpec
+from .hardware import HardwareSampler, PowerModel
+from .learner import Learner
+from .metrics import EpisodeStats, MetricsLogger, Progress
+from .model import resolve_model
+from .rundir import RunDir, atomic_write_json
+from .timing import StageTimer
+from .verdict import decide
+
+
+class RoleShares:
+    """Cumulative stage seconds per role (after warm-up), and the shares they make of each role's time."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, Counter] = {}
+        self.wall: Counter = Counter()
+
+    def add(self, role: str, snap: dict) -> None:
+        self.seconds.setdefault(role, Counter()).update(snap["seconds"])
+        self.wall[role] += snap["wall_s"]
+
+    def shares(self) -> dict[str, dict[str, float]]:
+        return {r: {k: v / max(self.wall[r], 1e-9) for k, v in sec.items()} for r, sec in self.seconds.items()}
+
+
+class Session:
+    def __init__(self, cfg: Config, run: RunDir, learner: Learner, spec: EnvSpec, episodes: EpisodeStats,
+                 model_lock: threading.Lock):
+        self.cfg, self.run, self.learner, self.spec, self.episodes = cfg, run, learner, spec, episodes
+        self.model_lock = model_lock
+        tc = cfg.telemetry
+        self.logger = MetricsLogger(run.path, tc.tensorboard, spec.frames_per_step, tc.warmup_s,
+                                    start_steps=learner.steps)
+        self.progress = Progress(cfg.run.total_steps, tc.progress, start=learner.steps)
+        self.timer = StageTimer()  # the learner role's own stages
+        self.start_steps = learner.steps
+        self.t_start = time.perf_counter()
+        self.last_log = self.last_ckpt = self.t_start
+        self.last_train: dict[str, float] = {}
+        self.policy_lag: list[float] = []
+        self.window: dict[str, dict] = {}  # the latest stage snapshot of each role
+        self.cumulative = RoleShares()  # after warm-up
+        self.cumulative_all = RoleShares()  # the whole run, for runs shorter than the warm-up
+        self.batch_sizes: Counter = Counter()
+        self.extra_scalars: dict[str, float] = {}
+        self.verdicts: list[dict] = []
+        self.sampler = None
+        if tc.hardware_interval_s > 0:
+            self.sampler = HardwareSampler(tc.hardware_interval_s, PowerModel(
+                tc.cpu_watts_per_core, tc.cpu_idle_watts, tc.gpu_idle_watts, tc.gpu_busy_watts, tc.base_watts))
+            self.sampler.start()
+
+    @property
+    def warm(self) -> bool:
+        return time.perf_counter() - self.t_start >= self.cfg.telemetry.warmup_s
+
+    def done(self) -> bool:
+        if self.learner.steps >= self.cfg.run.total_steps:
+            return True
+        return bool(self.cfg.run.max_seconds) and time.perf_counter() - self.t_start >= self.cfg.run.max_seconds
+
+    def role_snapshot(self, role: str, snap: dict) -> None:
+        """Stage times reported by a role (actors, inference server) since its last report."""
+        if role in self.window and self.window[role] is not snap:
+            prev = self.window[role]
+            merged = {"wall_s": prev["wall_s"] + snap["wall_s"],
+                      "seconds": dict(Counter(prev["seconds"]) + Counter(snap["seconds"]))}
+            self.window[role] = merged
+        else:
+            self.window[role] = snap
+        self.cumulative_all.add(role, snap)
+        if self.warm:
+            self.cumulative.add(role, snap)
+
+    def after_update(self, batch: dict[str, torch.Tensor], train_stats: dict[str, float]) -> None:
+        self.episodes.add_from_batch(batch["ep_return"][:-1].numpy(), batch["ep_length"][:-1].numpy(),
+                                     batch["ep_end"][:-1].numpy())
+        self.policy_lag.append(float(self.learner.updates - 1 - batch["version"].float().mean()))
+        self.last_train = train_stats
+        for k in ("time_h2d", "time_fwd_bwd", "time_optim", "time_gpu_train"):
+            if k in train_stats:
+                self.timer.add(k.removeprefix("time_"), train_stats[k])
+        self.logger.note_steps(self.learner.steps)
+        now = time.perf_counter()
+        if now - self.last_log >= self.cfg.telemetry.log_interval_s:
+            self.log(now)
+        if now - self.last_ckpt >= self.cfg.run.checkpoint_interval_s:
+            self.checkpoint()
+
+    def log(self, now: float | None = None) -> dict:
+        now = now or time.perf_counter()
+        steps = self.learner.steps
+        scalars = {f"loss/{k}": v for k, v in self.last_train.items() if not k.startswith("time_")}
+        scalars.update({
+            "episode_return": self.episodes.mean_return(), "episode_length": self.episodes.mean_length(),
+            "episodes": self.episodes.count, "updates": self.learner.updates,
+            "policy_lag": float(np.mean(self.policy_lag)) if self.policy_lag else math.nan,
+        })
+        self.role_snapshot("learner", self.timer.snapshot(reset=True))
+        window_shares = {role: StageTimer.shares(snap) for role, snap in self.window.items()}
+        for role, sh in window_shares.items():
+            scalars.update({f"{role}/share_{k}": v for k, v in sh.items()})
+        self.window.clear()
+        scalars.update(self.extra_scalars)
+        if self.sampler is not None and self.sampler.samples:
+            s = self.sampler.samples[-1]
+            scalars["hw/cpu_util"] = float(np.mean(s.cpu_per_core))
+            scalars.update({f"hw/cpu_cores_{role}": v for role, v in s.proc_cpu.items()})
+            scalars["hw/cpu_power_w"] = s.cpu_power_w
+            scalars["hw/gpu_power_w"] = s.gpu_power_w
+            for i, g in enumerate(s.gpus):
+                scalars[f"hw/gpu{i}_util"] = g["util"]
+        v = decide(window_shares, self.cfg.inference.mode == "central")
+        scalars["verdict"] = v["verdict"]
+        self.verdicts.append({"steps": steps, "verdict": v["verdict"]})
+        self.policy_lag.clear()
+        rec = self.logger.log(steps, scalars)
+        self.progress.update(steps, rec["fps"], scalars["episode_return"])
+        self.last_log = now
+        return rec
+
+    def checkpoint(self) -> Path:
+        self.last_ckpt = time.perf_counter()
+        state = self.learner.state_dict()
+        state.update(episodes_returns=list(self.episodes.returns), episodes_lengths=list(self.episodes.lengths),
+                     episodes_count=self.episodes.count, torch_rng=torch.get_rng_state())
+        return self.run.save_checkpoint(state)
+
+    def telemetry(self) -> dict:
+        hw = self.sampler.summary() if self.sampler is not None else {}
+        warm = self.cumulative.wall["learner"] > 0
+        shares = (self.cumulative if warm else self.cumulative_all).shares()
+        verdict = decide(shares, self.cfg.inference.mode == "central", hw)
+        verdict["window"] = "after warm-up" if warm else "whole run (shorter than telemetry.warmup_s)"
+        return {"stage_shares": shares, "hardware": hw, "verdict": verdict,
+                "verdict_timeline": self.verdicts,
+                "inference_batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+                "hardware_timeline": self.sampler.timeline() if self.sampler is not None else []}
+
+    def finish(self, outcome: str) -> dict:
+        self.log()
+        ckpt = self.checkpoint()
+        self.progress.close()
+        if self.sampler is not None:
+            self.sampler.stop()
+        tel = self.telemetry()
+        atomic_write_json(self.run.path / "telemetry.json", tel)
+        steps = self.learner.steps
+        wall = time.perf_counter() - self.t_start
+        sps = self.logger.sustained_sps(steps)
+        hw = tel["hardware"]
+        summary = {
+            "outcome": outcome, "env": self.cfg.env.id, "mode": self.cfg.run.mode,
+            "inference": self.cfg.inference.mode, "model": resolve_model(self.cfg.learner, self.spec),
+            "device": str(self.learner.device), "steps": steps, "frames": steps * self.spec.frames_per_step,
+            "updates": self.learner.updates, "wall_s": wall,
+            "sps_sustained": sps, "fps_sustained": sps * self.spec.frames_per_step,
+            "sps_overall": (steps - self.start_steps) / max(wall, 1e-9),
+            "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
+            "verdict": tel["verdict"]["verdict"], "verdict_evidence": tel["verdict"]["evidence"],
+            "verdict_advice": tel["verdict"]["advice"],
+            "node_power_w": hw.get("node_power_w"), "cpu_util_mean": hw.get("cpu_util_mean"),
+            "checkpoint": str(ckpt), "run_dir": str(self.run.path),
+            "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if summary["node_power_w"]:
+            p = summary["node_power_w"]
+            summary["fps_per_watt"] = {"value": summary["fps_sustained"] / max(p["value"], 1e-9), "source": p["source"]}
+        atomic_write_json(self.run.path / "summary.json", summary)
+        self.logger.close()
+        if self.cfg.telemetry.report:
+            from .report import write_report
+
+            write_report(self.run.path)
+        return summary
