@@ -120,7 +120,7 @@ def end_to_end(cfg: C.Config, num_actors: int, steps: int, out_dir: Path, label:
 
 
 def run_workload(name: str, actor_counts: list[int], e2e_steps: int, seconds: float, out: Path,
-                 extra: dict | None = None, progress=print) -> dict:
+                 extra: dict | None = None, progress=print, peer_steps: int = 200_000) -> dict:
     cfg = workload_config(name, extra)
     fps_mult = probe_spec(cfg.env).frames_per_step
     progress(f"[{name}] learner ceiling ...")
@@ -139,8 +139,24 @@ def run_workload(name: str, actor_counts: list[int], e2e_steps: int, seconds: fl
         progress(f"[{name}]   env {ec:,.0f} SPS, learner {lc['sps']:,.0f} SPS, e2e {s['sps_sustained']:,.0f} SPS "
                  f"({rows[-1]['ratio_to_min_ceiling']:.0%} of min ceiling)")
     best = max(rows, key=lambda r: r["e2e_sps"])
-    return {"workload": name, "frames_per_step": fps_mult, "config": cfg.to_dict(), "learner_ceiling": lc,
-            "rows": rows, "best": best}
+    out_doc = {"workload": name, "frames_per_step": fps_mult, "config": cfg.to_dict(), "learner_ceiling": lc,
+               "rows": rows, "best": best}
+    if name == "cartpole" and peer_steps:
+        try:
+            from bench.ppo_envpool import ppo_envpool_sps
+        except ImportError:
+            peer = None
+        else:
+            progress(f"[{name}] peer: CleanRL-style PPO on EnvPool, {peer_steps:,} steps ...")
+            try:
+                peer = ppo_envpool_sps(peer_steps)
+            except ImportError:
+                peer = None
+        if peer:
+            peer["ours_over_peer"] = best["e2e_sps"] / peer["sps"]
+            out_doc["peer_ppo_envpool"] = peer
+            progress(f"[{name}]   PPO-EnvPool {peer['sps']:,.0f} SPS; ours/peer {peer['ours_over_peer']:.2f}x")
+    return out_doc
 
 
 def write_results(results: list[dict], out: Path, note: str = "") -> Path:
@@ -165,6 +181,11 @@ def write_results(results: list[dict], out: Path, note: str = "") -> Path:
         b = r["best"]
         lines += ["", f"Best actor count: {b['actors']} ({b['e2e_sps']:,.0f} SPS, "
                   f"{b['ratio_to_min_ceiling']:.0%} of min(env ceiling, learner ceiling)).", ""]
+        if "peer_ppo_envpool" in r:
+            p = r["peer_ppo_envpool"]
+            lines += [f"Peer in the same run: CleanRL-style PPO on EnvPool (bench/ppo_envpool.py, 8 envs, 4 epochs), "
+                      f"{p['sps']:,.0f} SPS over {p['steps']:,} steps; ours at the best actor count is "
+                      f"{p['ours_over_peer']:.2f}x that.", ""]
     (out / "trainer.md").write_text("\n".join(lines) + "\n")
     _plot(results, out / "trainer.png")
     return out / "trainer.md"

@@ -8,6 +8,7 @@ the process around it: one init function owns signals, threads and CPU affinity.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import queue
 import signal
@@ -188,6 +189,7 @@ def actor_main(actor_id: int, cfg: Config, buffers: RolloutBuffers, free_q, full
                     r.begin(buffers.view(owned[i]))
             now = time.perf_counter()
             if now - last_report > 1.0:
+                _check_parent()
                 stats_q.put(("actor", actor_id, timer.snapshot(reset=True)))
                 last_report = now
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt, _Stopped):
@@ -202,11 +204,18 @@ class _Stopped(Exception):
     pass
 
 
+def _check_parent() -> None:
+    """An actor whose learner died (kill -9) stops instead of living on as an orphan."""
+    parent = mp.parent_process()
+    if parent is not None and not parent.is_alive():
+        raise _Stopped
+
+
 def _take(free_q, stop_event, timer: StageTimer) -> int:
     with timer.stage("wait_buffer"):
         while not stop_event.is_set():
             try:
                 return free_q.get(timeout=0.2)
             except queue.Empty:
-                continue
+                _check_parent()
     raise _Stopped

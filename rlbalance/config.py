@@ -62,6 +62,9 @@ class EnvConfig:
                                 "Atari uses 108000 frames / frameskip).")
     # Synthetic environment.
     synthetic_step_us: float = _f(50.0, "Synthetic: microseconds of real CPU work per env step.")
+    synthetic_cost: str = _f("busy", "Synthetic: 'busy' burns the step cost on this core (real work); 'sleep' waits "
+                             "it out without using a core, emulating envs whose work runs elsewhere (lets a small "
+                             "machine sweep more actors than it has cores).")
     synthetic_obs_shape: tuple[int, ...] = _f((16,), "Synthetic: observation shape (e.g. [16] or [4,84,84]).")
     synthetic_actions: int = _f(4, "Synthetic: number of discrete actions.")
     synthetic_episode_len: int = _f(200, "Synthetic: episode length in steps.")
@@ -75,6 +78,8 @@ class EnvConfig:
         _require(self.frame_stack >= 1, "env.frame_stack", self.frame_stack, "must be >= 1")
         _require(0.0 <= self.sticky_actions < 1.0, "env.sticky_actions", self.sticky_actions, "must be in [0, 1)")
         _require(self.max_episode_steps >= 0, "env.max_episode_steps", self.max_episode_steps, "must be >= 0")
+        _require(self.synthetic_cost in ("busy", "sleep"), "env.synthetic_cost", self.synthetic_cost,
+                 "'busy' or 'sleep'")
         _require(self.synthetic_step_us >= 0, "env.synthetic_step_us", self.synthetic_step_us, "must be >= 0")
         _require(len(self.synthetic_obs_shape) >= 1 and all(int(d) >= 1 for d in self.synthetic_obs_shape),
                  "env.synthetic_obs_shape", self.synthetic_obs_shape, "a non-empty list of positive sizes")

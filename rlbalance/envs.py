@@ -45,8 +45,9 @@ class SyntheticEnv:
     """
 
     def __init__(self, k: int, obs_shape: tuple[int, ...], num_actions: int, step_us: float,
-                 episode_len: int, seed: int):
+                 episode_len: int, seed: int, cost: str = "busy"):
         self.k, self.obs_shape, self.num_actions = k, tuple(obs_shape), num_actions
+        self.sleep = cost == "sleep"
         self.step_ns = int(step_us * 1000)
         self.episode_len = episode_len
         self.rng = np.random.default_rng(seed)
@@ -64,7 +65,9 @@ class SyntheticEnv:
         return self.obs
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        if self.step_ns:
+        if self.step_ns and self.sleep:
+            time.sleep(self.step_ns * self.k / 1e9)
+        elif self.step_ns:
             end = time.thread_time_ns() + self.step_ns * self.k
             while time.thread_time_ns() < end:
                 pass
@@ -212,7 +215,7 @@ class EnvBatch:
             self.spec = self.pool.spec
         elif cfg.id == "synthetic":
             self.synthetic = SyntheticEnv(k, cfg.synthetic_obs_shape, cfg.synthetic_actions,
-                                          cfg.synthetic_step_us, cfg.synthetic_episode_len, seed)
+                                          cfg.synthetic_step_us, cfg.synthetic_episode_len, seed, cfg.synthetic_cost)
             self.spec = EnvSpec(tuple(cfg.synthetic_obs_shape), np.dtype(np.float32), cfg.synthetic_actions, 1)
         else:
             self.envs = [make_single(cfg, seed + i) for i in range(k)]

@@ -53,6 +53,7 @@ class Session:
         self.last_log = self.last_ckpt = self.t_start
         self.last_train: dict[str, float] = {}
         self.policy_lag: list[float] = []
+        self.lag_total, self.lag_count = 0.0, 0
         self.window: dict[str, dict] = {}  # the latest stage snapshot of each role
         self.cumulative = RoleShares()  # after warm-up
         self.cumulative_all = RoleShares()  # the whole run, for runs shorter than the warm-up
@@ -90,7 +91,11 @@ class Session:
     def after_update(self, batch: dict[str, torch.Tensor], train_stats: dict[str, float]) -> None:
         self.episodes.add_from_batch(batch["ep_return"][:-1].numpy(), batch["ep_length"][:-1].numpy(),
                                      batch["ep_end"][:-1].numpy())
-        self.policy_lag.append(float(self.learner.updates - 1 - batch["version"].float().mean()))
+        lag = float(self.learner.updates - 1 - batch["version"].float().mean())
+        self.policy_lag.append(lag)
+        if self.warm:
+            self.lag_total += lag
+            self.lag_count += 1
         self.last_train = train_stats
         for k in ("time_h2d", "time_fwd_bwd", "time_optim", "time_gpu_train"):
             if k in train_stats:
@@ -172,6 +177,7 @@ class Session:
             "sps_sustained": sps, "fps_sustained": sps * self.spec.frames_per_step,
             "sps_overall": (steps - self.start_steps) / max(wall, 1e-9),
             "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
+            "policy_lag_mean": self.lag_total / self.lag_count if self.lag_count else None,
             "verdict": tel["verdict"]["verdict"], "verdict_evidence": tel["verdict"]["evidence"],
             "verdict_advice": tel["verdict"]["advice"],
             "node_power_w": hw.get("node_power_w"), "cpu_util_mean": hw.get("cpu_util_mean"),

@@ -197,6 +197,7 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
                                  "num_actions": spec.num_actions, "frames_per_step": spec.frames_per_step}})
     session = Session(cfg, run, learner, spec, episodes, model_lock)
     outcome = "completed"
+    restore = _sigterm_as_interrupt()
     try:
         (run_serial if cfg.run.mode == "serial" else run_parallel)(cfg, spec, learner, session)
         if after_run is not None:
@@ -207,6 +208,22 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         session.progress.close()
         if session.sampler is not None:
             session.sampler.stop()
-        raise
+        raise  # the last good checkpoint stays as it is
+    finally:
+        restore()
     summary = session.finish(outcome)
     return summary
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM stops training like Ctrl-C: every process stopped, a final checkpoint written."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)

@@ -28,7 +28,8 @@ def test_cli_help_lists_documented_fields():
 def test_bench_trainer_tiny(tmp_path):
     from bench.trainer import run_workload, write_results
 
-    r = run_workload("cartpole", [1], e2e_steps=6000, seconds=0.5, out=tmp_path, progress=lambda *_: None)
+    r = run_workload("cartpole", [1], e2e_steps=6000, seconds=0.5, out=tmp_path, progress=lambda *_: None,
+                     peer_steps=4096)
     row = r["rows"][0]
     assert row["env_ceiling_sps"] > 0 and row["learner_ceiling_sps"] > 0 and row["e2e_sps"] > 0
     md = write_results([r], tmp_path)
@@ -37,3 +38,4 @@ def test_bench_trainer_tiny(tmp_path):
     assert (tmp_path / "trainer.png").stat().st_size > 1000
     doc = json.load(open(tmp_path / "trainer.json"))
     assert doc["workloads"][0]["best"]["actors"] == 1
+    assert doc["workloads"][0]["peer_ppo_envpool"]["sps"] > 0

@@ -80,3 +80,33 @@ def test_synthetic_env_serial_and_parallel(cfg_factory):
         s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 5.0}, run={"total_steps": 8_000,
                               "name": f"syn-{mode}", "mode": mode}, telemetry={"tensorboard": False}))
         assert s["steps"] >= 8_000
+
+
+def test_sigint_stops_everything_and_checkpoints(tmp_path):
+    """SIGINT to a running `rlbalance train`: a final checkpoint, no child process left, summary says so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-m", "rlbalance", "train", "--run.total_steps", "100000000",
+                             "--run.out_dir", str(tmp_path), "--run.name", "sig", "--telemetry.progress", "false",
+                             "--telemetry.tensorboard", "false"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    metrics = tmp_path / "sig" / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 2  # the actor processes
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out.decode()[-2000:]
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
+    s = json.load(open(tmp_path / "sig" / "summary.json"))
+    assert s["outcome"] == "interrupted"
+    state = RunDir(tmp_path / "sig").load_checkpoint()
+    assert state["steps"] == s["steps"]

@@ -12,6 +12,8 @@ SUBCOMMANDS = {
     "train": "Train an agent (SEED-style central inference or IMPALA-style actor inference).",
     "profile": "Train briefly, then a torch.profiler kernel view of inference and training.",
     "report": "Write a run's HTML report (plots, stage breakdown, verdict) and CSV files.",
+    "sweep": "Run a design-space sweep of training runs into an SQLite database (resumable).",
+    "ratio": "CPU/GPU ratio analysis of a sweep: knee, efficiency optimum, Pareto front.",
     "bench": "Measure env ceiling, learner ceiling and end-to-end FPS; write bench/results.",
 }
 
@@ -32,3 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rlbalance {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        from ..learner import NonFiniteLossError
+        from ..train import ActorFailure
+
+        if not isinstance(e, (NonFiniteLossError, ActorFailure)):
+            raise
+        print(f"rlbalance {args.command}: training stopped: {e}\nThe last good checkpoint is kept; "
+              f"continue with --resume RUN_DIR once the cause is fixed.", file=sys.stderr)
+        return 1

@@ -1,0 +1,89 @@
+"""Sweeps and the CPU/GPU ratio: the paper's shape on a controlled workload, and resumability."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+from rlbalance import config as C
+from rlbalance.cli import main
+from rlbalance.ratio import analyse, write_outputs
+from rlbalance.sweep import expand, load_rows, parse_axes, run_sweep
+
+# Envs whose work runs elsewhere (sleep mode: each actor emulates one core) and a learner heavy enough
+# to saturate after a few actors: the sweep must show FPS rising, then flat, with the verdict flipping.
+BASE = {"env": {"id": "synthetic", "synthetic_cost": "sleep", "synthetic_step_us": 500.0,
+                "synthetic_obs_shape": [16]},
+        "learner": {"hidden_sizes": [1024, 1024], "batch_size": 32},
+        "telemetry": {"warmup_s": 3.0, "hardware_interval_s": 0.5}}
+
+
+def test_dry_run_lists_points(tmp_path, capsys):
+    rc = main(["sweep", "--axis", "actors.num_actors=1,2", "--axis", "actors.envs_per_actor=8,16", "--dry-run",
+               "--db", str(tmp_path / "s.db")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "4 points" in out and out.count("[todo]") == 4
+
+
+def test_bad_axis_named_before_anything_runs(tmp_path, capsys):
+    assert main(["sweep", "--axis", "learner.batch_size=30", "--db", str(tmp_path / "s.db")]) == 2
+    assert "learner.batch_size" in capsys.readouterr().err
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_sweep_shape_knee_where_verdict_flips(tmp_path):
+    axes = parse_axes(["actors.num_actors=1,2,6"])
+    rows = run_sweep("shape", C.merge(BASE, {"run": {"max_seconds": 10.0}}), axes, steps=10**9,
+                     db_path=tmp_path / "s.db", out_dir=str(tmp_path / "runs"))
+    a = analyse(rows)
+    curve = a["curve"]
+    assert [p["R"] for p in curve] == [1, 2, 6]
+    fps = [p["fps_per_accelerator"] for p in curve]
+    verdicts = [p["verdict"] for p in curve]
+    assert fps[1] > 1.4 * fps[0], curve  # more actor cores, more FPS while actors are the limit
+    assert verdicts[0] == "actor-bound" and verdicts[-1] == "learner-bound", curve
+    knee = a["throughput_optimal_R"]
+    assert a["knee_verdict"] == "learner-bound"  # the knee is where the learner saturates ...
+    assert all(p["verdict"] == "actor-bound" for p in curve if p["R"] < knee)  # ... and not before
+    page = write_outputs(a, tmp_path / "ratio")
+    text = page.read_text()
+    assert f'<b id="knee">{knee:g}</b>' in text and "modeled" in text
+    assert (tmp_path / "ratio" / "ratio.png").stat().st_size > 1000
+    assert len((tmp_path / "ratio" / "ratio.csv").read_text().splitlines()) == 4
+
+
+def test_killed_sweep_resumes_without_losing_or_repeating_points(tmp_path):
+    db = tmp_path / "k.db"
+    cmd = [sys.executable, "-m", "rlbalance", "sweep", "--axis", "actors.num_actors=1,2,3", "--steps", "20000",
+           "--db", str(db), "--name", "k", "--run.out_dir", str(tmp_path / "runs"),
+           "--telemetry.warmup_s", "0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+
+    def n_rows():
+        if not db.exists():
+            return 0
+        try:
+            return sqlite3.connect(db).execute("SELECT COUNT(*) FROM points").fetchone()[0]
+        except sqlite3.OperationalError:
+            return 0
+
+    while time.time() < deadline and n_rows() < 1:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole sweep, mid-way
+    proc.wait()
+    first = load_rows(db)
+    assert 1 <= len(first) < 3
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=300)
+    rows = load_rows(db)
+    assert len(rows) == 3 and len({r["key"] for r in rows}) == 3
+    keys = {p.key for p in expand({"run": {"out_dir": str(tmp_path / "runs")}, "telemetry": {"warmup_s": "0.5"}},
+                                  parse_axes(["actors.num_actors=1,2,3"]), steps=20000)}
+    assert {r["key"] for r in rows} == keys
+    for r in first:  # points finished before the kill were kept, not run again
+        again = next(x for x in rows if x["key"] == r["key"])
+        assert again["ended"] == r["ended"] and again["run_dir"] == r["run_dir"]
