@@ -165,7 +165,7 @@ def actor_main(actor_id: int, cfg: Config, buffers: RolloutBuffers, free_q, full
     g = cfg.actors.env_groups
     clients = [actor_id * g + i for i in range(g)]
     init_process(1, actor_cpus(cfg, actor_id), client_seed(cfg, clients[0]))
-    timer = StageTimer()
+    timer = StageTimer(cfg.telemetry.stage_timers)
     envs = [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, c)) for c in clients]
     if cfg.inference.mode == "central":
         policies = [CentralClient(c, slots, conn) for c, conn in zip(clients, conns)]

@@ -188,6 +188,7 @@ class TelemetryConfig:
     tensorboard: bool = _f(True, "Write TensorBoard event files beside metrics.jsonl.")
     progress: bool = _f(True, "Show a progress bar with FPS and return.")
     warmup_s: float = _f(3.0, "Seconds excluded from the sustained FPS figure and the verdict at the start.")
+    stage_timers: bool = _f(True, "Per-stage timers in every role (cheap; off only to measure their overhead).")
     hardware_interval_s: float = _f(1.0, "Seconds between hardware samples (CPU per core, RSS, GPU, power); "
                                     "0 turns the sampler off.")
     report: bool = _f(True, "Write report.html (plots, stage breakdown, verdict) at the end of the run.")

@@ -19,7 +19,7 @@ from .timing import StageTimer
 class InferenceServer(threading.Thread):
     def __init__(self, model: torch.nn.Module, slots: StepSlots, conns: list, device: torch.device,
                  envs_per_actor: int, max_batch: int, max_wait_ms: float, model_lock: threading.Lock,
-                 version_fn, seed: int):
+                 version_fn, seed: int, timers: bool = True):
         super().__init__(name="inference", daemon=True)
         self.model, self.slots, self.conns, self.device = model, slots, conns, device
         self.k = envs_per_actor
@@ -27,7 +27,7 @@ class InferenceServer(threading.Thread):
         self.max_wait = max_wait_ms / 1000.0
         self.model_lock, self.version_fn = model_lock, version_fn
         self.stop_event = threading.Event()
-        self.timer = StageTimer()
+        self.timer = StageTimer(timers)
         self.batch_sizes: list[int] = []
         self.error: BaseException | None = None
         self.generator = torch.Generator(device=device).manual_seed(seed)

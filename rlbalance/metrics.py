@@ -18,12 +18,16 @@ class EpisodeStats:
         self.returns: deque[float] = deque(maxlen=window)
         self.lengths: deque[int] = deque(maxlen=window)
         self.count = 0
+        self.best_mean = math.nan  # the best mean over `window` episodes seen so far
 
     def add_from_batch(self, ep_return: np.ndarray, ep_length: np.ndarray, ep_end: np.ndarray) -> None:
         if ep_end.any():
             self.returns.extend(ep_return[ep_end].tolist())
             self.lengths.extend(ep_length[ep_end].tolist())
             self.count += int(ep_end.sum())
+            if len(self.returns) == self.returns.maxlen or not self.returns.maxlen:
+                m = float(np.mean(self.returns))
+                self.best_mean = m if math.isnan(self.best_mean) else max(self.best_mean, m)
 
     def mean_return(self) -> float:
         return float(np.mean(self.returns)) if self.returns else math.nan

@@ -158,6 +158,12 @@ def write_report(run: str | Path) -> Path:
             ("sustained FPS", s.get("fps_sustained")), ("sustained SPS", s.get("sps_sustained")),
             ("mean return (last 100)", s.get("episode_return_last100")), ("CPU utilization (mean)", s.get("cpu_util_mean")),
             ("node power", s.get("node_power_w")), ("FPS per watt", s.get("fps_per_watt"))]
+    for key, val in tel.get("latency_ms", {}).items():
+        if val is not None:
+            rows.append((key.replace("_", " "), val))
+    if tel.get("transport"):
+        rows.append(("shared-memory transport, bytes/s", {"value": tel["transport"]["bytes_per_s"],
+                                                           "source": "derived"}))
     for key in ("cpu_power_w", "gpu_power_w", "base_power_w", "energy_cpu_j", "energy_gpu_j"):
         if key in tel.get("hardware", {}):
             rows.append((key.replace("_", " "), tel["hardware"][key]))

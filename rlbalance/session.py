@@ -28,11 +28,17 @@ class RoleShares:
 
     def __init__(self) -> None:
         self.seconds: dict[str, Counter] = {}
+        self.count: dict[str, Counter] = {}
         self.wall: Counter = Counter()
 
     def add(self, role: str, snap: dict) -> None:
         self.seconds.setdefault(role, Counter()).update(snap["seconds"])
+        self.count.setdefault(role, Counter()).update(snap.get("count", {}))
         self.wall[role] += snap["wall_s"]
+
+    def mean_ms(self, role: str, stage: str) -> float | None:
+        n = self.count.get(role, {}).get(stage, 0)
+        return 1000.0 * self.seconds[role][stage] / n if n else None
 
     def shares(self) -> dict[str, dict[str, float]]:
         return {r: {k: v / max(self.wall[r], 1e-9) for k, v in sec.items()} for r, sec in self.seconds.items()}
@@ -47,7 +53,7 @@ class Session:
         self.logger = MetricsLogger(run.path, tc.tensorboard, spec.frames_per_step, tc.warmup_s,
                                     start_steps=learner.steps)
         self.progress = Progress(cfg.run.total_steps, tc.progress, start=learner.steps)
-        self.timer = StageTimer()  # the learner role's own stages
+        self.timer = StageTimer(tc.stage_timers)  # the learner role's own stages
         self.start_steps = learner.steps
         self.t_start = time.perf_counter()
         self.last_log = self.last_ckpt = self.t_start
@@ -80,7 +86,8 @@ class Session:
         if role in self.window and self.window[role] is not snap:
             prev = self.window[role]
             merged = {"wall_s": prev["wall_s"] + snap["wall_s"],
-                      "seconds": dict(Counter(prev["seconds"]) + Counter(snap["seconds"]))}
+                      "seconds": dict(Counter(prev["seconds"]) + Counter(snap["seconds"])),
+                      "count": dict(Counter(prev.get("count", {})) + Counter(snap.get("count", {})))}
             self.window[role] = merged
         else:
             self.window[role] = snap
@@ -143,19 +150,38 @@ class Session:
         self.last_ckpt = time.perf_counter()
         state = self.learner.state_dict()
         state.update(episodes_returns=list(self.episodes.returns), episodes_lengths=list(self.episodes.lengths),
-                     episodes_count=self.episodes.count, torch_rng=torch.get_rng_state())
+                     episodes_count=self.episodes.count, episodes_best_mean=self.episodes.best_mean,
+                     torch_rng=torch.get_rng_state())
         return self.run.save_checkpoint(state)
 
     def telemetry(self) -> dict:
         hw = self.sampler.summary() if self.sampler is not None else {}
         warm = self.cumulative.wall["learner"] > 0
-        shares = (self.cumulative if warm else self.cumulative_all).shares()
+        cum = self.cumulative if warm else self.cumulative_all
+        shares = cum.shares()
         verdict = decide(shares, self.cfg.inference.mode == "central", hw)
         verdict["window"] = "after warm-up" if warm else "whole run (shorter than telemetry.warmup_s)"
-        return {"stage_shares": shares, "hardware": hw, "verdict": verdict,
+        sps = self.logger.sustained_sps(self.learner.steps)
+        latencies = {"actor_request_latency_ms": cum.mean_ms("actor", "wait_action"),
+                     "inference_forward_ms": cum.mean_ms("inference", "forward"),
+                     "learner_update_ms": (cum.mean_ms("learner", "fwd_bwd") or 0) + (cum.mean_ms("learner", "optim") or 0)}
+        transport = {"bytes_per_step": self.transport_bytes_per_step(), "source": "derived from buffer sizes and "
+                     "counted steps"}
+        transport["bytes_per_s"] = transport["bytes_per_step"] * sps
+        return {"stage_shares": shares, "hardware": hw, "verdict": verdict, "latency_ms": latencies,
+                "transport": transport,
                 "verdict_timeline": self.verdicts,
                 "inference_batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
                 "hardware_timeline": self.sampler.timeline() if self.sampler is not None else []}
+
+    def transport_bytes_per_step(self) -> int:
+        """Bytes moved through shared memory per env step: the actor's unroll-buffer row, the learner's
+        copy of it into a batch and, with central inference, the step slot's obs, action and logits."""
+        obs = int(np.prod(self.spec.obs_shape)) * (1 if self.spec.obs_dtype == np.uint8 else 4)
+        logits = 4 * self.spec.num_actions
+        row = obs + 8 + logits + 4 + 1 + 1 + 1 + 4 + 8  # obs, action, logits, reward, flags, return, length
+        slot = obs + 8 + logits + 8 if self.cfg.inference.mode == "central" else 0
+        return 2 * row + slot
 
     def finish(self, outcome: str) -> dict:
         self.log()
@@ -177,6 +203,7 @@ class Session:
             "sps_sustained": sps, "fps_sustained": sps * self.spec.frames_per_step,
             "sps_overall": (steps - self.start_steps) / max(wall, 1e-9),
             "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
+            "episode_return_best100": self.episodes.best_mean,
             "policy_lag_mean": self.lag_total / self.lag_count if self.lag_count else None,
             "verdict": tel["verdict"]["verdict"], "verdict_evidence": tel["verdict"]["evidence"],
             "verdict_advice": tel["verdict"]["advice"],

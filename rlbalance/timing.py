@@ -8,13 +8,19 @@ from contextlib import contextmanager
 
 
 class StageTimer:
-    def __init__(self) -> None:
+    """``enabled=False`` makes every stage a no-op (used to measure the telemetry's own overhead)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.total: dict[str, float] = defaultdict(float)
         self.count: dict[str, int] = defaultdict(int)
         self.t0 = time.perf_counter()
 
     @contextmanager
     def stage(self, name: str):
+        if not self.enabled:
+            yield
+            return
         t = time.perf_counter()
         try:
             yield

@@ -99,7 +99,7 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
     if central:
         server = InferenceServer(learner.model, slots, [p[0] for p in pipes], learner.device, k,
                                  cfg.inference.max_batch, cfg.inference.max_wait_ms, session.model_lock,
-                                 lambda: learner.updates, cfg.run.seed)
+                                 lambda: learner.updates, cfg.run.seed, cfg.telemetry.stage_timers)
         server.start()
     nb = cfg.buffers_per_batch
     try:
@@ -116,7 +116,8 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
                 free_q.put(i)
             stats = learner.train(batch)
             if weights is not None:
-                weights.publish(learner.model, learner.updates, weights_lock)
+                with session.timer.stage("weight_publish"):
+                    weights.publish(learner.model, learner.updates, weights_lock)
             _drain_stats(stats_q, session, server, full_q, free_q)
             session.after_update(batch, stats)
     finally:
@@ -188,6 +189,7 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         episodes.returns.extend(state.get("episodes_returns", []))
         episodes.lengths.extend(state.get("episodes_lengths", []))
         episodes.count = int(state.get("episodes_count", 0))
+        episodes.best_mean = float(state.get("episodes_best_mean", float("nan")))
         torch.set_rng_state(state["torch_rng"])
     else:
         run = RunDir.create(cfg)

@@ -69,5 +69,10 @@ def decide(shares: dict[str, dict[str, float]], central: bool, hardware: dict | 
         verdict = "actor-bound"
         evidence = (f"the learner waits for data {learner_wait:.0%} of its time"
                     + (f" and the inference server waits for requests {inf_wait:.0%} of its" if central else "")
-                    + f"; actors step environments {actor_env:.0%} of their time")
+                    + f"; actors step environments {actor_env:.0%} of their time"
+                    + (f" and wait for actions {actor_wait_action:.0%} (the round trip to the server)"
+                       if central and actor_wait_action > actor_env else ""))
+    cpu = figures.get("cpu_util_mean")
+    if cpu is not None and cpu > 0.9:
+        evidence += f"; the CPU is saturated ({cpu:.0%} of all cores busy), so more cores help every role"
     return {"verdict": verdict, "evidence": evidence, "advice": ADVICE[verdict], "figures": figures}

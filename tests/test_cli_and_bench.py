@@ -34,8 +34,26 @@ def test_bench_trainer_tiny(tmp_path):
     assert row["env_ceiling_sps"] > 0 and row["learner_ceiling_sps"] > 0 and row["e2e_sps"] > 0
     md = write_results([r], tmp_path)
     text = md.read_text()
-    assert "| 1 |" in text and "e2e / min(ceilings)" in text
+    assert "| 1 |" in text and "e2e / min(ceilings)" in text and "shared-core bound" in text
     assert (tmp_path / "trainer.png").stat().st_size > 1000
     doc = json.load(open(tmp_path / "trainer.json"))
     assert doc["workloads"][0]["best"]["actors"] == 1
     assert doc["workloads"][0]["peer_ppo_envpool"]["sps"] > 0
+
+
+def test_telemetry_overhead_bench_tiny(tmp_path):
+    from bench.telemetry_overhead import run_overhead
+
+    r = run_overhead(steps=6000, repeats=1, out=tmp_path, progress=lambda *_: None)
+    assert len(r["sps_on"]) == len(r["sps_off"]) == 1 and r["median_off"] > 0
+    assert "Overhead:" in (tmp_path / "telemetry-overhead.md").read_text()
+    assert (tmp_path / "telemetry-overhead.png").exists()
+
+
+def test_sweep_bench_tiny(tmp_path):
+    from bench.sweep_bench import run_bench_sweep
+
+    r = run_bench_sweep(tmp_path, [1, 2], 6000, "cartpole")
+    assert r["cartpole"]["throughput_optimal_R"] in (1, 2)
+    assert (tmp_path / "sweep" / "cartpole" / "ratio.html").exists()
+    assert (tmp_path / "sweep" / "sweep.db").exists()

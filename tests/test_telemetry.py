@@ -57,6 +57,8 @@ def test_power_is_modeled_without_gpu_or_rapl(cfg_factory):
     assert s["outcome"] == "completed" and s["node_power_w"]["source"] == "modeled"
     assert s["fps_per_watt"]["source"] == "modeled"
     assert hw["role_cpu_cores"]["actor"] > 0.05  # the actors' own CPU time was sampled
+    assert tel["latency_ms"]["actor_request_latency_ms"] > 0 and tel["latency_ms"]["learner_update_ms"] > 0
+    assert tel["transport"]["bytes_per_step"] > 16 and tel["transport"]["bytes_per_s"] > 0
 
 
 def _rapl():

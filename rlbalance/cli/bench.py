@@ -3,6 +3,8 @@
   rlbalance bench trainer                      # CartPole and Pong, actor counts 1..cores
   rlbalance bench trainer --workloads cartpole --actors 1,2 --steps 300000
   rlbalance bench pong-curve --frames 2000000  # Pong learning curve over the first 2M frames
+  rlbalance bench telemetry-overhead           # FPS with telemetry on against off, alternating runs
+  rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=["trainer", "pong-curve"], help="which benchmark")
+    p.add_argument("name", choices=["trainer", "pong-curve", "telemetry-overhead", "sweep"], help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
                    "(cartpole, pong, synthetic)")
@@ -22,11 +24,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 500k CartPole, 25k Pong)")
     p.add_argument("--seconds", type=float, default=5.0, help="trainer: seconds per ceiling measurement")
     p.add_argument("--frames", type=int, default=2_000_000, help="pong-curve: frames to train")
-    p.add_argument("--num-actors", type=int, default=2, help="pong-curve: actor processes")
+    p.add_argument("--num-actors", type=int, default=1, help="pong-curve: actor processes (1 was fastest on "
+                   "our 2-core machine: see bench/results/trainer.md)")
+    p.add_argument("--repeats", type=int, default=4, help="telemetry-overhead: runs each way")
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if args.name == "telemetry-overhead":
+        from bench.telemetry_overhead import run_overhead
+
+        r = run_overhead(args.steps or 300_000, args.repeats, out)
+        print(f"telemetry overhead {r['overhead']:+.1%} (median {r['median_on']:,.0f} vs {r['median_off']:,.0f} SPS)")
+        return 0
+    if args.name == "sweep":
+        from bench.sweep_bench import run_bench_sweep
+
+        print(run_bench_sweep(out, [int(x) for x in args.actors.split(",") if x] or [1, 2, 3, 4],
+                              args.steps or 0, args.workloads))
+        return 0
     if args.name == "pong-curve":
         from bench.pong_curve import run_curve
 

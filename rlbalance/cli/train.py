@@ -52,6 +52,7 @@ def _print_summary(s: dict) -> None:
             ("sustained SPS (after warm-up)", f"{s['sps_sustained']:,.0f}"),
             ("sustained FPS (after warm-up)", f"{s['fps_sustained']:,.0f}"),
             ("mean return, last 100 episodes", f"{s['episode_return_last100']:.1f}"),
+            ("best mean over 100 episodes", f"{s['episode_return_best100']:.1f}"),
             ("episodes", f"{s['episodes']:,}"), ("bottleneck verdict", s["verdict"]),
             ("node power", f"{s['node_power_w']['value']:.0f} W ({s['node_power_w']['source']})"
              if s.get("node_power_w") else "n/a"),
