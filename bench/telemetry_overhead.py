@@ -43,7 +43,8 @@ def run_overhead(steps: int, repeats: int, out: Path, workload: dict | None = No
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.boxplot([sps["off"], sps["on"]], labels=["telemetry off", "telemetry on"])
+    ax.boxplot([sps["off"], sps["on"]])
+    ax.set_xticks([1, 2], ["telemetry off", "telemetry on"])
     ax.set_ylabel("sustained SPS")
     ax.set_title(f"Telemetry overhead {result['overhead']:+.1%}")
     fig.tight_layout()

@@ -134,12 +134,13 @@ def run_workload(name: str, actor_counts: list[int], e2e_steps: int, seconds: fl
         s = end_to_end(cfg, a, e2e_steps, out / "runs", name)
         bound = min(ec, lc["sps"])
         # Where actors and learner share the same cores, a step costs the env's time plus the learner's:
-        # the harmonic combination of the two ceilings bounds end-to-end SPS (inference not even counted).
+        # the harmonic combination of the two ceilings estimates end-to-end SPS (inference not counted).
+        # Not a strict bound: neither ceiling scales perfectly with cores.
         shared = 1.0 / (1.0 / ec + 1.0 / lc["sps"])
         rows.append({"actors": a, "env_ceiling_sps": ec, "learner_ceiling_sps": lc["sps"],
                      "e2e_sps": s["sps_sustained"], "e2e_fps": s["sps_sustained"] * fps_mult,
                      "ratio_to_min_ceiling": s["sps_sustained"] / bound,
-                     "shared_core_bound_sps": shared, "ratio_to_shared_bound": s["sps_sustained"] / shared,
+                     "shared_core_estimate_sps": shared, "ratio_to_shared_estimate": s["sps_sustained"] / shared,
                      "verdict": s["verdict"],
                      "episode_return_last100": s["episode_return_last100"], "run_dir": s["run_dir"]})
         progress(f"[{name}]   env {ec:,.0f} SPS, learner {lc['sps']:,.0f} SPS, e2e {s['sps_sustained']:,.0f} SPS "
@@ -175,20 +176,20 @@ def write_results(results: list[dict], out: Path, note: str = "") -> Path:
              f"Machine: {stamp['cpu_model']}, {stamp['usable_cpus']} usable CPUs, "
              f"GPUs: {[g['name'] for g in stamp['gpus']] or 'none'}; commit {stamp['git_commit']}.", "",
              "SPS = env steps/s; FPS = SPS x frameskip. All figures measured in this one run.",
-             "Each ceiling is measured alone on all usable cores. The shared-core bound, "
-             "1 / (1/env + 1/learner), is what end-to-end training could reach if every step had to pay "
-             "for both on the same cores (it leaves out inference); on a machine whose actor and learner "
-             "cores are separate, min(ceilings) is the bound instead.", ""]
+             "Each ceiling is measured alone on all usable cores. The shared-core estimate, "
+             "1 / (1/env + 1/learner), is what end-to-end training would reach if every step paid for both "
+             "on the same cores, leaving out inference (not a strict bound: neither ceiling scales perfectly "
+             "with cores); where actor and learner cores are separate, min(ceilings) is the bound.", ""]
     for r in results:
         lines += [f"## {r['workload']} (learner ceiling {r['learner_ceiling']['sps']:,.0f} SPS on "
                   f"{r['learner_ceiling']['device']})", "",
                   "| actors | env ceiling SPS | learner ceiling SPS | end-to-end SPS | end-to-end FPS | "
-                  "e2e / min(ceilings) | shared-core bound SPS | e2e / shared bound | verdict |",
+                  "e2e / min(ceilings) | shared-core estimate SPS | e2e / estimate | verdict |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for row in r["rows"]:
             lines.append(f"| {row['actors']} | {row['env_ceiling_sps']:,.0f} | {row['learner_ceiling_sps']:,.0f} | "
                          f"{row['e2e_sps']:,.0f} | {row['e2e_fps']:,.0f} | {row['ratio_to_min_ceiling']:.0%} | "
-                         f"{row['shared_core_bound_sps']:,.0f} | {row['ratio_to_shared_bound']:.0%} | "
+                         f"{row['shared_core_estimate_sps']:,.0f} | {row['ratio_to_shared_estimate']:.0%} | "
                          f"{row['verdict']} |")
         b = r["best"]
         lines += ["", f"Best actor count: {b['actors']} ({b['e2e_sps']:,.0f} SPS, "

@@ -32,8 +32,10 @@ class InferenceServer(threading.Thread):
         self.error: BaseException | None = None
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.pinned = None
+        self.gpu_busy_s = 0.0  # true device time of the forward passes, from CUDA events
         if device.type == "cuda":
             self.pinned = torch.empty_like(slots.obs).pin_memory()
+            self._ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         self._conn_index = {id(c): i for i, c in enumerate(conns)}
 
     def _collect(self, pending: list[int]) -> list[int]:
@@ -89,12 +91,18 @@ class InferenceServer(threading.Thread):
                     obs = slots.obs[idx]
                 obs = obs.reshape(len(ids) * self.k, *obs.shape[2:])
             with timer.stage("forward"), self.model_lock:
+                if self.pinned is not None:
+                    self._ev[0].record()
                 actions, logits = self.model.act(obs, self.generator)
+                if self.pinned is not None:
+                    self._ev[1].record()
                 version = self.version_fn()
             with timer.stage("d2h"):
-                slots.action[idx] = actions.view(len(ids), self.k).cpu()
+                slots.action[idx] = actions.view(len(ids), self.k).cpu()  # synchronises the stream
                 slots.logits[idx] = logits.view(len(ids), self.k, -1).float().cpu()
                 slots.version[idx] = version
+            if self.pinned is not None:
+                self.gpu_busy_s += self._ev[0].elapsed_time(self._ev[1]) / 1000.0
             for i in ids:
                 self.conns[i].send_bytes(b"a")
             self.batch_sizes.append(len(ids) * self.k)

@@ -86,6 +86,20 @@ def _plots(a: dict, out: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.8))
+    by_actors = sorted(a["points"], key=lambda p: json.loads(p["config"])["actors"]["num_actors"])
+    xs = [json.loads(p["config"])["actors"]["num_actors"] for p in by_actors]
+    ax.plot(xs, [p["fps"] for p in by_actors], "-", color="0.6")
+    for x, p in zip(xs, by_actors):
+        ax.scatter(x, p["fps"], color=colors.get(p["verdict"], "k"), s=50, zorder=3)
+    ax.set_xlabel("actor processes")
+    ax.set_ylabel("FPS")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(out / "fps_vs_actors.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.8))
     pts = [p for p in a["points"] if p.get("node_power_w")]
     ax.scatter([p["node_power_w"] for p in pts], [p["fps"] for p in pts], color="0.6", label="points")
     ax.plot([p["node_power_w"] for p in a["pareto"]], [p["fps"] for p in a["pareto"]], "o-", color="tab:red",

@@ -54,6 +54,7 @@ class Session:
                                     start_steps=learner.steps)
         self.progress = Progress(cfg.run.total_steps, tc.progress, start=learner.steps)
         self.timer = StageTimer(tc.stage_timers)  # the learner role's own stages
+        self.gpu_timer = StageTimer()  # device busy time (CUDA events) of training and inference
         self.start_steps = learner.steps
         self.t_start = time.perf_counter()
         self.last_log = self.last_ckpt = self.t_start
@@ -104,9 +105,10 @@ class Session:
             self.lag_total += lag
             self.lag_count += 1
         self.last_train = train_stats
-        for k in ("time_h2d", "time_fwd_bwd", "time_optim", "time_gpu_train"):
-            if k in train_stats:
-                self.timer.add(k.removeprefix("time_"), train_stats[k])
+        for k in ("time_h2d", "time_fwd_bwd", "time_optim"):
+            self.timer.add(k.removeprefix("time_"), train_stats[k])
+        if "time_gpu_train" in train_stats:
+            self.gpu_timer.add("train", train_stats["time_gpu_train"])
         self.logger.note_steps(self.learner.steps)
         now = time.perf_counter()
         if now - self.last_log >= self.cfg.telemetry.log_interval_s:
@@ -124,6 +126,8 @@ class Session:
             "policy_lag": float(np.mean(self.policy_lag)) if self.policy_lag else math.nan,
         })
         self.role_snapshot("learner", self.timer.snapshot(reset=True))
+        if self.gpu_timer.total:  # shares of the GPU: its busy fraction for training and for inference
+            self.role_snapshot("gpu", self.gpu_timer.snapshot(reset=True))
         window_shares = {role: StageTimer.shares(snap) for role, snap in self.window.items()}
         for role, sh in window_shares.items():
             scalars.update({f"{role}/share_{k}": v for k, v in sh.items()})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 
 
 class StageTimer:
@@ -12,21 +11,17 @@ class StageTimer:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
+        self._stages: dict[str, _Stage] = {}
         self.total: dict[str, float] = defaultdict(float)
         self.count: dict[str, int] = defaultdict(int)
         self.t0 = time.perf_counter()
 
-    @contextmanager
-    def stage(self, name: str):
-        if not self.enabled:
-            yield
-            return
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.total[name] += time.perf_counter() - t
-            self.count[name] += 1
+    def stage(self, name: str) -> "_Stage":
+        """``with timer.stage("env_step"): ...`` adds the block's time to that stage (not re-entrant per name)."""
+        s = self._stages.get(name)
+        if s is None:
+            s = self._stages[name] = (_Stage(self, name) if self.enabled else _NULL)
+        return s
 
     def add(self, name: str, seconds: float, n: int = 1) -> None:
         self.total[name] += seconds
@@ -45,3 +40,32 @@ class StageTimer:
     def shares(snap: dict) -> dict[str, float]:
         wall = max(snap["wall_s"], 1e-9)
         return {k: v / wall for k, v in snap["seconds"].items()}
+
+
+class _Stage:
+    """A reusable, allocation-free context manager (a generator-based one costs microseconds per use)."""
+
+    __slots__ = ("timer", "name", "t")
+
+    def __init__(self, timer: StageTimer, name: str):
+        self.timer, self.name, self.t = timer, name, 0.0
+
+    def __enter__(self) -> None:
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.timer.total[self.name] += time.perf_counter() - self.t
+        self.timer.count[self.name] += 1
+
+
+class _NullStage:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+_NULL = _NullStage()

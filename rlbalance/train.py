@@ -157,6 +157,9 @@ def _drain_stats(stats_q, session: Session, server, full_q, free_q, final: bool 
         session.role_snapshot(role, snap)
     if server is not None and (final or server.timer.snapshot()["wall_s"] > 1.0):
         session.role_snapshot("inference", server.timer.snapshot(reset=True))
+        if server.gpu_busy_s:
+            session.gpu_timer.add("inference", server.gpu_busy_s)
+            server.gpu_busy_s = 0.0
         sizes, server.batch_sizes = server.batch_sizes, []
         if sizes:
             session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))

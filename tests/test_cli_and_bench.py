@@ -34,7 +34,7 @@ def test_bench_trainer_tiny(tmp_path):
     assert row["env_ceiling_sps"] > 0 and row["learner_ceiling_sps"] > 0 and row["e2e_sps"] > 0
     md = write_results([r], tmp_path)
     text = md.read_text()
-    assert "| 1 |" in text and "e2e / min(ceilings)" in text and "shared-core bound" in text
+    assert "| 1 |" in text and "e2e / min(ceilings)" in text and "shared-core estimate" in text
     assert (tmp_path / "trainer.png").stat().st_size > 1000
     doc = json.load(open(tmp_path / "trainer.json"))
     assert doc["workloads"][0]["best"]["actors"] == 1
