@@ -13,6 +13,7 @@ import os
 import queue
 import signal
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -159,43 +160,73 @@ def actor_cpus(cfg: Config, actor_id: int) -> tuple[int, ...] | None:
     return (aff[actor_id % len(aff)],) if aff else None
 
 
-def actor_main(actor_id: int, cfg: Config, buffers: RolloutBuffers, free_q, full_q, stop_event, conns,
-               slots: StepSlots | None, weights: SharedWeights | None, weights_lock, stats_q) -> None:
-    """Entry point of one actor process: env_groups rollouts stepped in turn."""
+@dataclass
+class ActorShared:
+    """Everything an actor process shares with the learner, handed over once at start."""
+
+    buffers: RolloutBuffers
+    free_q: object
+    full_q: object
+    stats_q: object
+    stop: object
+    heartbeat: torch.Tensor  # [num_actors] float64: time.monotonic() of each actor's last step
+    owner: torch.Tensor      # [num_buffers] int64: the actor filling each buffer, -1 when none
+    slots: StepSlots | None
+    weights: SharedWeights | None
+    weights_lock: object
+
+
+def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, conns) -> None:
+    """Entry point of one actor process: env_groups rollouts stepped in turn.
+
+    ``incarnation`` counts restarts of this actor (0 for the first); a fault injected for tests
+    (env.synthetic_fault) fires in the first incarnation of actor 0 only."""
     g = cfg.actors.env_groups
     clients = [actor_id * g + i for i in range(g)]
-    init_process(1, actor_cpus(cfg, actor_id), client_seed(cfg, clients[0]))
+    init_process(1, actor_cpus(cfg, actor_id), client_seed(cfg, clients[0]) + 7919 * incarnation)
     timer = StageTimer(cfg.telemetry.stage_timers)
-    envs = [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, c)) for c in clients]
+    heartbeat = sh.heartbeat.numpy()
+    owner = sh.owner.numpy()
+    heartbeat[actor_id] = time.monotonic()
+    envs = [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, c) + 7919 * incarnation,
+                     fault_armed=(actor_id == 0 and i == 0 and incarnation == 0)) for i, c in enumerate(clients)]
     if cfg.inference.mode == "central":
-        policies = [CentralClient(c, slots, conn) for c, conn in zip(clients, conns)]
+        policies = [CentralClient(c, sh.slots, conn) for c, conn in zip(clients, conns)]
     else:
         from .model import build_model
 
         model = build_model(cfg.learner, envs[0].spec)
-        local = LocalModel(model, weights, weights_lock, cfg.inference.sync_every, client_seed(cfg, clients[0]))
+        local = LocalModel(model, sh.weights, sh.weights_lock, cfg.inference.sync_every, client_seed(cfg, clients[0]))
         policies = [local.policy() for _ in clients]
+
+    def take() -> int:
+        idx = _take(sh.free_q, sh.stop, timer)
+        owner[idx] = actor_id
+        return idx
+
     try:
         rollouts = [Rollout(e, p, timer) for e, p in zip(envs, policies)]
-        owned = [_take(free_q, stop_event, timer) for _ in rollouts]
+        owned = [take() for _ in rollouts]
         for r, idx in zip(rollouts, owned):
-            r.begin(buffers.view(idx))
+            r.begin(sh.buffers.view(idx))
         last_report = time.perf_counter()
-        while not stop_event.is_set():
+        while not sh.stop.is_set():
             for i, r in enumerate(rollouts):
                 if r.step():
-                    full_q.put(owned[i])
-                    owned[i] = _take(free_q, stop_event, timer)
-                    r.begin(buffers.view(owned[i]))
+                    owner[owned[i]] = -1
+                    sh.full_q.put(owned[i])
+                    owned[i] = take()
+                    r.begin(sh.buffers.view(owned[i]))
+            heartbeat[actor_id] = time.monotonic()
             now = time.perf_counter()
             if now - last_report > 1.0:
                 _check_parent()
-                stats_q.put(("actor", actor_id, timer.snapshot(reset=True)))
+                sh.stats_q.put(("actor", actor_id, timer.snapshot(reset=True)))
                 last_report = now
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt, _Stopped):
         pass  # the server closed the channel or the learner asked us to stop
     finally:
-        stats_q.put(("actor", actor_id, timer.snapshot(reset=True)))  # the last stage times
+        sh.stats_q.put(("actor", actor_id, timer.snapshot(reset=True)))  # the last stage times
         for e in envs:
             e.close()
 

@@ -68,6 +68,8 @@ class EnvConfig:
     synthetic_obs_shape: tuple[int, ...] = _f((16,), "Synthetic: observation shape (e.g. [16] or [4,84,84]).")
     synthetic_actions: int = _f(4, "Synthetic: number of discrete actions.")
     synthetic_episode_len: int = _f(200, "Synthetic: episode length in steps.")
+    synthetic_fault: str = _f("", "Synthetic, for fault tests: 'raise:N', 'hang:N' or 'kill:N' (SIGKILL itself) after "
+                              "N steps in actor 0's first life; 'nan:N' gives NaN rewards from step N on.")
 
     def __post_init__(self) -> None:
         _require(bool(self.id), "env.id", self.id, "give a gymnasium id, an ALE id or 'synthetic'")
@@ -84,6 +86,9 @@ class EnvConfig:
         _require(len(self.synthetic_obs_shape) >= 1 and all(int(d) >= 1 for d in self.synthetic_obs_shape),
                  "env.synthetic_obs_shape", self.synthetic_obs_shape, "a non-empty list of positive sizes")
         _require(self.synthetic_actions >= 2, "env.synthetic_actions", self.synthetic_actions, "must be >= 2")
+        kind, _, n = self.synthetic_fault.partition(":")
+        _require(not self.synthetic_fault or (kind in ("raise", "hang", "kill", "nan") and n.isdigit()),
+                 "env.synthetic_fault", self.synthetic_fault, "'' or raise:N, hang:N, kill:N, nan:N")
         _require(self.synthetic_episode_len >= 1, "env.synthetic_episode_len", self.synthetic_episode_len,
                  "must be >= 1")
 
@@ -102,6 +107,9 @@ class ActorsConfig:
     env_groups: int = _f(2, "Env groups per actor process, stepped in turn: one group steps while the others "
                          "await their actions (double-buffered sampling); the process runs env_groups*K envs.")
     cpu_affinity: tuple[int, ...] = _f((), "CPU cores the actors are pinned to, round-robin (empty: no pinning).")
+    heartbeat_timeout_s: float = _f(60.0, "An actor silent this long is taken as hung: killed and restarted.")
+    max_restarts: int = _f(10, "Actor restarts allowed in a run (dead, crashed or hung); one more stops training "
+                           "with an error.")
     buffers_per_actor: int = _f(0, "Shared-memory unroll buffers per env group (0: enough for two learner "
                                 "batches plus one per group); more lets actors run further ahead.")
 
@@ -109,6 +117,8 @@ class ActorsConfig:
         _require(self.num_actors >= 1, "actors.num_actors", self.num_actors, "must be >= 1")
         _require(self.envs_per_actor >= 1, "actors.envs_per_actor", self.envs_per_actor, "must be >= 1")
         _require(self.env_groups >= 1, "actors.env_groups", self.env_groups, "must be >= 1")
+        _require(self.heartbeat_timeout_s > 0, "actors.heartbeat_timeout_s", self.heartbeat_timeout_s, "must be > 0")
+        _require(self.max_restarts >= 0, "actors.max_restarts", self.max_restarts, "must be >= 0")
         _require(self.buffers_per_actor == 0 or self.buffers_per_actor >= 2, "actors.buffers_per_actor",
                  self.buffers_per_actor, "must be 0 (automatic) or >= 2")
         _require(all(c >= 0 for c in self.cpu_affinity), "actors.cpu_affinity", self.cpu_affinity,

@@ -45,9 +45,11 @@ class SyntheticEnv:
     """
 
     def __init__(self, k: int, obs_shape: tuple[int, ...], num_actions: int, step_us: float,
-                 episode_len: int, seed: int, cost: str = "busy"):
+                 episode_len: int, seed: int, cost: str = "busy", fault: str = ""):
         self.k, self.obs_shape, self.num_actions = k, tuple(obs_shape), num_actions
         self.sleep = cost == "sleep"
+        kind, _, n = fault.partition(":")
+        self.fault, self.fault_at, self.steps = kind, int(n or 0), 0
         self.step_ns = int(step_us * 1000)
         self.episode_len = episode_len
         self.rng = np.random.default_rng(seed)
@@ -64,7 +66,22 @@ class SyntheticEnv:
         self._draw(slice(None))
         return self.obs
 
+    def _inject_fault(self) -> None:
+        self.steps += 1
+        if self.steps < self.fault_at or self.fault in ("", "nan"):
+            return
+        if self.fault == "raise":
+            raise RuntimeError(f"synthetic fault: env raised at step {self.steps}")
+        if self.fault == "hang":
+            time.sleep(3600)
+        if self.fault == "kill":
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        self._inject_fault()
         if self.step_ns and self.sleep:
             time.sleep(self.step_ns * self.k / 1e9)
         elif self.step_ns:
@@ -72,6 +89,8 @@ class SyntheticEnv:
             while time.thread_time_ns() < end:
                 pass
         reward = (actions == self.flat[:, : self.n_key].argmax(axis=1)).astype(np.float32)
+        if self.fault == "nan" and self.steps >= self.fault_at:
+            reward[:] = np.nan
         self.t += 1
         done = self.t >= self.episode_len
         self.t[done] = 0
@@ -204,7 +223,7 @@ class EnvPoolBatch:
 class EnvBatch:
     """K environments stepped together. ``step`` returns obs, reward, done, and finished episodes."""
 
-    def __init__(self, cfg: EnvConfig, k: int, seed: int):
+    def __init__(self, cfg: EnvConfig, k: int, seed: int, fault_armed: bool = False):
         _check_id(cfg)
         self.cfg, self.k, self.seed = cfg, k, seed
         self.synthetic = None
@@ -215,7 +234,9 @@ class EnvBatch:
             self.spec = self.pool.spec
         elif cfg.id == "synthetic":
             self.synthetic = SyntheticEnv(k, cfg.synthetic_obs_shape, cfg.synthetic_actions,
-                                          cfg.synthetic_step_us, cfg.synthetic_episode_len, seed, cfg.synthetic_cost)
+                                          cfg.synthetic_step_us, cfg.synthetic_episode_len, seed, cfg.synthetic_cost,
+                                          cfg.synthetic_fault if fault_armed or cfg.synthetic_fault.startswith("nan")
+                                          else "")
             self.spec = EnvSpec(tuple(cfg.synthetic_obs_shape), np.dtype(np.float32), cfg.synthetic_actions, 1)
         else:
             self.envs = [make_single(cfg, seed + i) for i in range(k)]

@@ -37,13 +37,33 @@ class InferenceServer(threading.Thread):
             self.pinned = torch.empty_like(slots.obs).pin_memory()
             self._ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         self._conn_index = {id(c): i for i, c in enumerate(conns)}
+        self._lock = threading.Lock()
+        self._dead: set[int] = set()  # clients whose channel closed (a dead actor) until replaced
+        self._replaced: set[int] = set()
+
+    def replace_clients(self, ids: list[int], conns: list) -> None:
+        """New channels for a restarted actor's env groups (called from the learner thread)."""
+        with self._lock:
+            for i, c in zip(ids, conns):
+                self.conns[i] = c
+                self._dead.discard(i)
+                self._replaced.add(i)
+            self._conn_index = {id(c): i for i, c in enumerate(self.conns)}
 
     def _collect(self, pending: list[int]) -> list[int]:
         """Wait for requests; return the client (env group) ids to serve now, oldest first.
 
         Blocks until one request is in, takes every other request already there, then waits up to
         max_wait for more while the batch is below max_batch (max_wait 0: serve what is ready)."""
-        waiting = [c for i, c in enumerate(self.conns) if i not in pending]
+        with self._lock:
+            if self._replaced:  # requests from a replaced process are void
+                pending = [i for i in pending if i not in self._replaced]
+                self._replaced.clear()
+            waiting = [c for i, c in enumerate(self.conns) if i not in pending and i not in self._dead]
+            index = dict(self._conn_index)
+        if not waiting and not pending:
+            time.sleep(0.01)  # every client is dead or being replaced
+            return pending
         deadline = None
         while len(pending) < self.max_clients and waiting and not self.stop_event.is_set():
             if not pending:
@@ -55,21 +75,29 @@ class InferenceServer(threading.Thread):
                 timeout = deadline - time.perf_counter()
                 if timeout <= 0:
                     break
+            if not waiting:
+                break
             ready = wait(waiting, timeout=timeout)
             if not ready and pending and (timeout > 0 or self.max_wait == 0):
                 break
             for c in ready:
-                c.recv_bytes()
-                pending.append(self._conn_index[id(c)])
                 waiting.remove(c)
+                try:
+                    c.recv_bytes()
+                except (EOFError, OSError):  # the actor died; the learner restarts it
+                    with self._lock:
+                        if index.get(id(c)) is not None and self.conns[index[id(c)]] is c:
+                            self._dead.add(index[id(c)])
+                    continue
+                pending.append(index[id(c)])
         return pending
 
     def run(self) -> None:
         try:
             self._loop()
-        except (EOFError, OSError):
-            pass  # an actor channel closed: shutdown or a dead actor, the learner decides
         except BaseException as e:  # surfaced by the learner loop
+            if self.stop_event.is_set():
+                return  # channels closed at shutdown
             self.error = e
 
     def _loop(self) -> None:
@@ -81,6 +109,8 @@ class InferenceServer(threading.Thread):
             if not pending:
                 continue
             ids, pending = pending[: self.max_clients], pending[self.max_clients:]
+            with self._lock:
+                targets = [self.conns[i] for i in ids]  # the channels these requests came on
             idx = torch.tensor(ids)
             with timer.stage("h2d"):
                 if self.pinned is not None:
@@ -103,8 +133,15 @@ class InferenceServer(threading.Thread):
                 slots.version[idx] = version
             if self.pinned is not None:
                 self.gpu_busy_s += self._ev[0].elapsed_time(self._ev[1]) / 1000.0
-            for i in ids:
-                self.conns[i].send_bytes(b"a")
+            for i, c in zip(ids, targets):
+                with self._lock:
+                    if self.conns[i] is not c:
+                        continue  # the actor was restarted meanwhile: its new process asks afresh
+                try:
+                    c.send_bytes(b"a")
+                except (BrokenPipeError, EOFError, OSError):
+                    with self._lock:
+                        self._dead.add(i)
             self.batch_sizes.append(len(ids) * self.k)
 
     def stop(self) -> None:

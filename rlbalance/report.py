@@ -157,7 +157,10 @@ def write_report(run: str | Path) -> Path:
             ("model / device", f"{s.get('model')} on {s.get('device')}"), ("env steps", s.get("steps")),
             ("sustained FPS", s.get("fps_sustained")), ("sustained SPS", s.get("sps_sustained")),
             ("mean return (last 100)", s.get("episode_return_last100")), ("CPU utilization (mean)", s.get("cpu_util_mean")),
-            ("node power", s.get("node_power_w")), ("FPS per watt", s.get("fps_per_watt"))]
+            ("node power", s.get("node_power_w")), ("FPS per watt", s.get("fps_per_watt")),
+            ("actor restarts", s.get("actor_restarts")), ("actor-seconds lost", s.get("actor_seconds_lost"))]
+    for ev in s.get("actor_faults", []):
+        rows.append((f"actor {ev['actor']} fault at {ev['at']}", ev["reason"]))
     for key, val in tel.get("latency_ms", {}).items():
         if val is not None:
             rows.append((key.replace("_", " "), val))

@@ -67,6 +67,7 @@ class Session:
         self.batch_sizes: Counter = Counter()
         self.extra_scalars: dict[str, float] = {}
         self.verdicts: list[dict] = []
+        self.actor_pool = None  # set by the parallel runner: restarts and lost actor-seconds
         self.sampler = None
         if tc.hardware_interval_s > 0:
             self.sampler = HardwareSampler(tc.hardware_interval_s, PowerModel(
@@ -133,6 +134,9 @@ class Session:
             scalars.update({f"{role}/share_{k}": v for k, v in sh.items()})
         self.window.clear()
         scalars.update(self.extra_scalars)
+        if self.actor_pool is not None:
+            scalars["actors/restarts"] = self.actor_pool.restarts
+            scalars["actors/lost_seconds"] = self.actor_pool.pending_lost_seconds()
         if self.sampler is not None and self.sampler.samples:
             s = self.sampler.samples[-1]
             scalars["hw/cpu_util"] = float(np.mean(s.cpu_per_core))
@@ -209,6 +213,9 @@ class Session:
             "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
             "episode_return_best100": self.episodes.best_mean,
             "policy_lag_mean": self.lag_total / self.lag_count if self.lag_count else None,
+            "actor_restarts": self.actor_pool.restarts if self.actor_pool else 0,
+            "actor_seconds_lost": self.actor_pool.pending_lost_seconds() if self.actor_pool else 0.0,
+            "actor_faults": self.actor_pool.events if self.actor_pool else [],
             "verdict": tel["verdict"]["verdict"], "verdict_evidence": tel["verdict"]["evidence"],
             "verdict_advice": tel["verdict"]["advice"],
             "node_power_w": hw.get("node_power_w"), "cpu_util_mean": hw.get("cpu_util_mean"),

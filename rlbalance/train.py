@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .actor import DirectPolicy, LocalModel, Rollout, actor_main, client_seed
+from .actor import ActorShared, DirectPolicy, LocalModel, Rollout, client_seed
+from .actor_pool import ActorFailure, ActorPool
 from .buffers import RolloutBuffers, SharedWeights, StepSlots
 from .config import Config
 from .envs import EnvBatch, EnvSpec, probe_spec
@@ -64,88 +65,68 @@ def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -
         r.envs.close()
 
 
-class ActorFailure(RuntimeError):
-    pass
-
-
 def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> None:
     """Actor processes over shared memory; central inference as a thread beside the learner loop."""
     ctx = mp.get_context("spawn")
-    a, k, t = cfg.actors.num_actors, cfg.actors.envs_per_actor, cfg.learner.unroll_length
-    g, n_clients, n_buf = cfg.actors.env_groups, cfg.num_clients, cfg.num_buffers
-    buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=True)
-    free_q, full_q, stats_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    for i in range(n_buf):
-        free_q.put(i)
-    stop = ctx.Event()
+    k, t, n_buf = cfg.actors.envs_per_actor, cfg.learner.unroll_length, cfg.num_buffers
     central = cfg.inference.mode == "central"
-    slots = StepSlots.allocate(n_clients, k, spec, shared=True) if central else None
-    weights = None if central else SharedWeights.allocate(learner.model)
-    weights_lock = ctx.Lock()
-    pipes = [ctx.Pipe(duplex=True) for _ in range(n_clients)] if central else [(None, None)] * n_clients
-    procs = []
-    for i in range(a):
-        p = ctx.Process(target=actor_main, name=f"rlbalance-actor-{i}", daemon=True,
-                        args=(i, cfg, buffers, free_q, full_q, stop, [c for _, c in pipes[i * g:(i + 1) * g]],
-                              slots, weights, weights_lock, stats_q))
-        p.start()
-        procs.append(p)
-        if session.sampler is not None:
-            session.sampler.watch("actor", p.pid)
-    for _, child_end in pipes:
-        if child_end is not None:
-            child_end.close()
+    sh = ActorShared(
+        buffers=RolloutBuffers.allocate(n_buf, t, k, spec, shared=True),
+        free_q=ctx.Queue(), full_q=ctx.Queue(), stats_q=ctx.Queue(), stop=ctx.Event(),
+        heartbeat=torch.zeros(cfg.actors.num_actors, dtype=torch.float64).share_memory_(),
+        owner=torch.full((n_buf,), -1, dtype=torch.int64).share_memory_(),
+        slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True) if central else None,
+        weights=None if central else SharedWeights.allocate(learner.model),
+        weights_lock=ctx.Lock())
+    for i in range(n_buf):
+        sh.free_q.put(i)
+    on_start = (lambda i, pid: session.sampler.watch("actor", pid)) if session.sampler is not None else None
+    pool = ActorPool(ctx, cfg, sh, on_start)
+    pool.start_all()
     server = None
     if central:
-        server = InferenceServer(learner.model, slots, [p[0] for p in pipes], learner.device, k,
+        server = InferenceServer(learner.model, sh.slots, list(pool.parent_conns), learner.device, k,
                                  cfg.inference.max_batch, cfg.inference.max_wait_ms, session.model_lock,
                                  lambda: learner.updates, cfg.run.seed, cfg.telemetry.stage_timers)
+        pool.server = server
         server.start()
+    session.actor_pool = pool
     nb = cfg.buffers_per_batch
+    last_check = time.perf_counter()
     try:
         while not session.done():
             idx = []
             with session.timer.stage("wait_data"):
                 while len(idx) < nb:
                     try:
-                        idx.append(full_q.get(timeout=1.0))
+                        idx.append(sh.full_q.get(timeout=0.5))
                     except queue.Empty:
-                        _check_health(procs, server)
-            batch = buffers.gather(idx)
+                        _check_health(pool, server)
+                        last_check = time.perf_counter()
+            batch = sh.buffers.gather(idx)
             for i in idx:
-                free_q.put(i)
+                sh.free_q.put(i)
             stats = learner.train(batch)
-            if weights is not None:
+            if sh.weights is not None:
                 with session.timer.stage("weight_publish"):
-                    weights.publish(learner.model, learner.updates, weights_lock)
-            _drain_stats(stats_q, session, server, full_q, free_q)
+                    sh.weights.publish(learner.model, learner.updates, sh.weights_lock)
+            if time.perf_counter() - last_check > 1.0:
+                _check_health(pool, server)
+                last_check = time.perf_counter()
+            _drain_stats(sh.stats_q, session, server, sh.full_q, sh.free_q)
             session.after_update(batch, stats)
     finally:
-        stop.set()
-        if server is not None:
-            server.stop()
-            server.join(timeout=5)
-            for parent_end, _ in pipes:
-                parent_end.close()
-        for p in procs:
-            p.join(timeout=5)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=2)
-        _drain_stats(stats_q, session, server, full_q, free_q, final=True)
-        for q in (free_q, full_q, stats_q):
+        pool.stop()
+        _drain_stats(sh.stats_q, session, server, sh.full_q, sh.free_q, final=True)
+        for q in (sh.free_q, sh.full_q, sh.stats_q):
             q.cancel_join_thread()
             q.close()
 
 
-def _check_health(procs, server) -> None:
+def _check_health(pool: ActorPool, server) -> None:
     if server is not None and server.error is not None:
         raise server.error
-    dead = [p for p in procs if not p.is_alive()]
-    if dead:
-        raise ActorFailure(f"actor process(es) {[p.name for p in dead]} exited with codes "
-                           f"{[p.exitcode for p in dead]}; see the actor's traceback above")
+    pool.check()
 
 
 def _drain_stats(stats_q, session: Session, server, full_q, free_q, final: bool = False) -> None:

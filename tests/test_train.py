@@ -92,6 +92,7 @@ def test_sigint_stops_everything_and_checkpoints(tmp_path):
 
     import psutil
 
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     proc = subprocess.Popen([sys.executable, "-m", "rlbalance", "train", "--run.total_steps", "100000000",
                              "--run.out_dir", str(tmp_path), "--run.name", "sig", "--telemetry.progress", "false",
                              "--telemetry.tensorboard", "false"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -106,6 +107,8 @@ def test_sigint_stops_everything_and_checkpoints(tmp_path):
     assert proc.returncode == 0, out.decode()[-2000:]
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+    if os.path.isdir("/dev/shm"):
+        assert set(os.listdir("/dev/shm")) - shm_before == set()  # no shared-memory segment left
     s = json.load(open(tmp_path / "sig" / "summary.json"))
     assert s["outcome"] == "interrupted"
     state = RunDir(tmp_path / "sig").load_checkpoint()
