@@ -220,7 +220,7 @@ class HardwareSampler:
 
     def timeline(self) -> list[dict]:
         t0 = self.samples[0].t if self.samples else 0.0
-        return [{"t": s.t - t0, "cpu_per_core": s.cpu_per_core, "proc_cpu": s.proc_cpu,
+        return [{"t": s.t - t0, "cpu_per_core": s.cpu_per_core, "proc_cpu": s.proc_cpu, "rss": s.rss,
                  "cpu_power_w": s.cpu_power_w, "cpu_power_source": s.cpu_power_source,
                  "gpu_power_w": s.gpu_power_w, "gpu_power_source": s.gpu_power_source,
                  "gpu_util": [g["util"] for g in s.gpus]} for s in self.samples]

@@ -5,6 +5,7 @@
   rlbalance bench pong-curve --frames 2000000  # Pong learning curve over the first 2M frames
   rlbalance bench telemetry-overhead           # FPS with telemetry on against off, alternating runs
   rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
+  rlbalance bench soak --minutes 30            # memory flat and FPS steady over a long run
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=["trainer", "pong-curve", "telemetry-overhead", "sweep"], help="which benchmark")
+    p.add_argument("name", choices=["trainer", "pong-curve", "telemetry-overhead", "sweep", "soak"],
+                   help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
                    "(cartpole, pong, synthetic)")
@@ -27,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-actors", type=int, default=1, help="pong-curve: actor processes (1 was fastest on "
                    "our 2-core machine: see bench/results/trainer.md)")
     p.add_argument("--repeats", type=int, default=4, help="telemetry-overhead: runs each way")
+    p.add_argument("--minutes", type=float, default=30.0, help="soak: length of the run")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
 
         r = run_overhead(args.steps or 300_000, args.repeats, out)
         print(f"telemetry overhead {r['overhead']:+.1%} (median {r['median_on']:,.0f} vs {r['median_off']:,.0f} SPS)")
+        return 0
+    if args.name == "soak":
+        from bench.soak import run_soak
+
+        r = run_soak(args.minutes * 60, out, warmup_s=min(120.0, args.minutes * 60 / 4))
+        print(f"soak: RSS growth {r['rss_growth']:+.1%}, FPS per-minute CV {r['fps_cv']}; wrote {out / 'soak.md'}")
         return 0
     if args.name == "sweep":
         from bench.sweep_bench import run_bench_sweep
