@@ -28,7 +28,6 @@ def run_soak(seconds: float, out: Path, warmup_s: float = 120.0, workload: dict 
     base = after[0] if after else float("nan")
     growth = max(after) / base - 1 if after else float("nan")
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    fps = [r["fps"] for r in recs if r["time_s"] >= warmup_s][:-1]  # the last record is a partial window
     minute = {}
     for r in recs:
         if r["time_s"] >= warmup_s:

@@ -124,7 +124,13 @@ class RunDir:
         return rd
 
     def write_meta(self, extra: dict) -> None:
+        """meta.json: where and when this session of the run ran; earlier sessions (before a resume) are
+        kept under "previous"."""
         meta = {"hardware": hardware_stamp(), **extra}
+        old = self.path / "meta.json"
+        if old.is_file():
+            prev = json.loads(old.read_text())
+            meta["previous"] = prev.pop("previous", []) + [prev]
         atomic_write_json(self.path / "meta.json", meta)
 
     def read_config(self) -> Config:

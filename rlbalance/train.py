@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .actor import ActorShared, DirectPolicy, LocalModel, Rollout, client_seed
-from .actor_pool import ActorFailure, ActorPool
+from .actor_pool import ActorPool
 from .buffers import RolloutBuffers, SharedWeights, StepSlots
 from .config import Config
 from .envs import EnvBatch, EnvSpec, probe_spec

@@ -1,6 +1,5 @@
 """Sweeps and the CPU/GPU ratio: the paper's shape on a controlled workload, and resumability."""
 
-import json
 import os
 import signal
 import sqlite3

@@ -113,3 +113,12 @@ def test_sigint_stops_everything_and_checkpoints(tmp_path):
     assert s["outcome"] == "interrupted"
     state = RunDir(tmp_path / "sig").load_checkpoint()
     assert state["steps"] == s["steps"]
+
+
+def test_meta_keeps_earlier_sessions_after_resume(cfg_factory):
+    s1 = train(cfg_factory(run={"total_steps": 4_000, "name": "meta"}, telemetry={"tensorboard": False}))
+    train(cfg_factory(run={"total_steps": 8_000, "name": "meta"}, telemetry={"tensorboard": False}),
+          resume=s1["run_dir"])
+    meta = json.load(open(f"{s1['run_dir']}/meta.json"))
+    assert meta["resumed_from_steps"] == s1["steps"]
+    assert len(meta["previous"]) == 1 and meta["previous"][0]["resumed_from_steps"] == 0

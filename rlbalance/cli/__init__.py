@@ -14,6 +14,8 @@ SUBCOMMANDS = {
     "report": "Write a run's HTML report (plots, stage breakdown, verdict) and CSV files.",
     "sweep": "Run a design-space sweep of training runs into an SQLite database (resumable).",
     "ratio": "CPU/GPU ratio analysis of a sweep: knee, efficiency optimum, Pareto front.",
+    "calibrate": "Microbenchmark one workload on this machine for the planner.",
+    "plan": "Predict FPS, bottleneck, power and the best CPU/GPU ratio on other machines.",
     "bench": "Measure env ceiling, learner ceiling and end-to-end FPS; write bench/results.",
 }
 
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RuntimeError as e:
         from ..learner import NonFiniteLossError
-        from ..train import ActorFailure
+        from ..actor_pool import ActorFailure
 
         if not isinstance(e, (NonFiniteLossError, ActorFailure)):
             raise

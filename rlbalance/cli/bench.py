@@ -6,6 +6,7 @@
   rlbalance bench telemetry-overhead           # FPS with telemetry on against off, alternating runs
   rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
   rlbalance bench soak --minutes 30            # memory flat and FPS steady over a long run
+  rlbalance bench planner                      # calibrate, sweep, and the model's error on held-out points
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=["trainer", "pong-curve", "telemetry-overhead", "sweep", "soak"],
+    p.add_argument("name", choices=["trainer", "pong-curve", "telemetry-overhead", "sweep", "soak",
+                                         "planner"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
@@ -39,6 +41,12 @@ def run(args: argparse.Namespace) -> int:
 
         r = run_overhead(args.steps or 300_000, args.repeats, out)
         print(f"telemetry overhead {r['overhead']:+.1%} (median {r['median_on']:,.0f} vs {r['median_off']:,.0f} SPS)")
+        return 0
+    if args.name == "planner":
+        from bench.planner_validation import run_validation
+
+        print(run_validation(out, [int(x) for x in args.actors.split(",") if x] or [1, 2, 3, 4],
+                             args.steps or 200_000))
         return 0
     if args.name == "soak":
         from bench.soak import run_soak

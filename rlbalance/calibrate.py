@@ -1,0 +1,194 @@
+"""Calibration: short microbenchmarks of one workload (env + model) on this machine.
+
+Terms measured, each the median of a few repetitions:
+
+- env step cost per core (microseconds per env step, random actions, one process) at several K;
+- SMT effect: the same on two sibling hardware threads of one core, where the machine has them;
+- inference latency (policy forward + sampling) against batch size, on the learner device;
+- training step time against batch size (unrolls of length T), on the learner device;
+- transport: the round trip of a one-byte message on a pipe between two processes, and the cost of
+  copying observations per byte (what the shared-memory path does per step).
+
+Saved with the hardware stamp as a JSON calibration file that the planner reads.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import config as C
+from .buffers import RolloutBuffers
+from .envs import EnvBatch, probe_spec
+from .learner import Learner
+from .model import build_model, resolve_device, resolve_model
+
+
+def _median_time(fn, reps: int, min_s: float = 0.2) -> float:
+    """Median seconds per call over ``reps`` timed blocks of at least ``min_s`` each."""
+    fn()
+    out = []
+    for _ in range(reps):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_s:
+                break
+        out.append(dt / n)
+    return statistics.median(out)
+
+
+def env_step_us(cfg: C.Config, k: int, seconds: float = 0.6) -> float:
+    envs = EnvBatch(cfg.env, k, 0)
+    envs.reset()
+    rng = np.random.default_rng(0)
+    n = envs.spec.num_actions
+    t = _median_time(lambda: envs.step(rng.integers(0, n, k)), reps=3, min_s=seconds / 3)
+    envs.close()
+    return t / k * 1e6
+
+
+def _smt_worker(cfg, k, cpu, q):
+    import os
+
+    os.sched_setaffinity(0, {cpu})
+    q.put(env_step_us(cfg, k))
+
+
+def smt_factor(cfg: C.Config, k: int) -> dict:
+    """Per-thread env cost when both hardware threads of one core step envs, over the cost alone."""
+    import glob
+    import os
+
+    for path in sorted(glob.glob("/sys/devices/system/cpu/cpu*/topology/thread_siblings_list")):
+        text = Path(path).read_text().strip()
+        sib = [int(x) for x in text.replace("-", ",").split(",") if x]
+        if len(sib) >= 2 and set(sib[:2]) <= os.sched_getaffinity(0):
+            ctx = mp.get_context("spawn")
+            q = ctx.Queue()
+            ps = [ctx.Process(target=_smt_worker, args=(cfg, k, c, q)) for c in sib[:2]]
+            for p in ps:
+                p.start()
+            both = statistics.mean(q.get(timeout=120) for _ in ps)
+            for p in ps:
+                p.join()
+            alone = env_step_us(cfg, k)
+            return {"factor": both / alone, "siblings": sib[:2], "source": "measured"}
+    return {"factor": None, "source": "no sibling hardware threads here"}
+
+
+def _echo(conn):
+    while True:
+        try:
+            conn.send_bytes(conn.recv_bytes())
+        except EOFError:
+            return
+
+
+def pipe_round_trip_us(n: int = 2000) -> float:
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_echo, args=(b,), daemon=True)
+    p.start()
+    b.close()
+    for _ in range(100):
+        a.send_bytes(b"r")
+        a.recv_bytes()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a.send_bytes(b"r")
+        a.recv_bytes()
+    dt = (time.perf_counter() - t0) / n
+    a.close()
+    p.join(timeout=5)
+    return dt * 1e6
+
+
+def copy_ns_per_byte(nbytes: int) -> float:
+    src = np.random.default_rng(0).integers(0, 255, max(nbytes, 1024), dtype=np.uint8)
+    dst = np.empty_like(src)
+    t = _median_time(lambda: np.copyto(dst, src), reps=3, min_s=0.05)
+    return t / src.nbytes * 1e9
+
+
+def model_flops(model: torch.nn.Module, obs: torch.Tensor) -> int:
+    """Forward FLOPs for one observation batch (torch's own counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(obs)
+    return int(counter.get_total_flops())
+
+
+def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
+    spec = probe_spec(cfg.env)
+    device = resolve_device(cfg.learner.device)
+    torch.set_num_threads(cfg.learner.torch_threads)
+    ks = [1, 8] if quick or cfg.env.is_atari else [1, 8, 32]
+    progress("env step cost per core ...")
+    env = {str(k): env_step_us(cfg, k) for k in ks}
+    progress("SMT effect ...")
+    smt = smt_factor(cfg, cfg.actors.envs_per_actor)
+    model = build_model(cfg.learner, spec).to(device)
+    envs = EnvBatch(cfg.env, 1, 0)
+    one = torch.from_numpy(envs.reset().copy())
+    envs.close()
+    progress("inference latency against batch size ...")
+    inference = {}
+    for b in ([8, 32, 128] if quick else [8, 32, 128, 512]):
+        obs = one.repeat(b, *([1] * len(spec.obs_shape))).to(device)
+        inference[str(b)] = _median_time(lambda: model.act(obs), reps=3, min_s=0.1) * 1e3
+    progress("training step time against batch size ...")
+    training = {}
+    k = cfg.actors.envs_per_actor
+    for b in ([8, 16] if quick or cfg.env.is_atari else [8, 16, 32, 64]):
+        c2 = replace(cfg, actors=replace(cfg.actors, envs_per_actor=b), learner=replace(cfg.learner, batch_size=b))
+        learner = Learner(build_model(c2.learner, spec), c2.learner, device, total_steps=10**12)
+        bufs = RolloutBuffers.allocate(1, c2.learner.unroll_length, b, spec, shared=False)
+        bufs.obs[:] = one
+        batch = bufs.gather([0])
+        training[str(b)] = _median_time(lambda: learner.train(batch), reps=3, min_s=0.3) * 1e3
+    progress("transport ...")
+    obs_bytes = int(np.prod(spec.obs_shape)) * (1 if spec.obs_dtype == np.uint8 else 4)
+    flops = model_flops(model.cpu(), one) if device.type == "cpu" else model_flops(build_model(cfg.learner, spec), one)
+    from .rundir import hardware_stamp
+
+    return {
+        "format": "rlbalance-calibration-v1",
+        "workload": {"env": cfg.env.id, "model": resolve_model(cfg.learner, spec), "frames_per_step":
+                     spec.frames_per_step, "obs_bytes": obs_bytes, "num_actions": spec.num_actions,
+                     "unroll_length": cfg.learner.unroll_length, "envs_per_actor": k,
+                     "env_groups": cfg.actors.env_groups, "batch_size": cfg.learner.batch_size,
+                     "forward_flops_per_obs": flops},
+        "device": str(device), "torch_threads": cfg.learner.torch_threads,
+        "env_step_us": env, "smt": smt, "inference_ms": inference, "train_step_ms": training,
+        "pipe_round_trip_us": pipe_round_trip_us(500 if quick else 2000),
+        "copy_ns_per_byte": copy_ns_per_byte(obs_bytes * k * 64),
+        "hardware": hardware_stamp(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def save(cal: dict, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(cal, indent=2))
+    return p
+
+
+def load(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise C.ConfigError(f"calibration file {p} not found; make one with `rlbalance calibrate --out {p}`")
+    cal = json.loads(p.read_text())
+    if cal.get("format") != "rlbalance-calibration-v1":
+        raise C.ConfigError(f"{p} is not an rlbalance calibration file (format {cal.get('format')!r})")
+    return cal

@@ -1,0 +1,107 @@
+"""Predict throughput, bottleneck, power and the best CPU/GPU ratio of a calibrated workload on other
+machines: the catalog (DGX-1, DGX-2, DGX A100, DGX H100, cloud instances) and machines you describe.
+Every figure is modeled; --validate compares the model with measured sweep points.
+
+  rlbalance plan --calibration calib/pong.json
+  rlbalance plan --calibration calib/pong.json --systems dgx-a100,dgx-1
+  rlbalance plan --calibration c.json --machine "mybox:cores=32,threads=64,gpus=2,gpu=A100,cpu_tdp_w=280,base_w=300"
+  rlbalance plan --calibration c.json --validate sweep.db
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibration", required=True, help="file written by rlbalance calibrate")
+    p.add_argument("--catalog", default=None, help="systems YAML (default: the built-in catalog)")
+    p.add_argument("--systems", default="", help="comma-separated catalog names (default: all)")
+    p.add_argument("--machine", action="append", default=[], help="NAME:cores=..,threads=..,gpus=..,gpu=..,"
+                   "cpu_tdp_w=..,base_w=..[,price_per_hour=..]")
+    p.add_argument("--validate", metavar="SWEEP_DB", help="compare predictions with measured sweep points")
+    p.add_argument("--out", default=None, help="write plan.json (and plan.png) here")
+
+
+def _parse_machine(text: str, catalog_data: dict):
+    from ..config import ConfigError
+    from ..planner import parse_catalog
+
+    name, sep, rest = text.partition(":")
+    if not sep:
+        raise ConfigError(f"--machine {text!r}: expected NAME:cores=..,threads=..,gpus=..,...")
+    fields = {}
+    for kv in rest.split(","):
+        k, eq, v = kv.partition("=")
+        if not eq:
+            raise ConfigError(f"--machine {text!r}: {kv!r} is not key=value")
+        fields[k.strip()] = v.strip() if k.strip() in ("gpu", "description") else float(v) if "." in v else int(v)
+    return parse_catalog({"gpus": catalog_data, "systems": {name: fields}}, "--machine")[name]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..calibrate import load
+    from ..config import ConfigError
+    from ..planner import best_ratios, load_catalog, predict, validate
+
+    cal = load(args.calibration)
+    if args.validate:
+        from ..sweep import load_rows
+
+        v = validate(cal, load_rows(args.validate))
+        for x in v["points"]:
+            print(f"{json.dumps(x['point'])}: measured {x['measured_fps']:,.0f} FPS, predicted "
+                  f"{x['predicted_fps']:,.0f} (error {x['error']:.0%}); verdict {x['measured_verdict']} / "
+                  f"{x['predicted_verdict']}")
+        print(f"median absolute error {v['median_abs_error']:.1%}, worst {v['worst_abs_error']:.1%}")
+        return 0
+    catalog = load_catalog(args.catalog)
+    chosen = [s for s in args.systems.split(",") if s] or list(catalog)
+    unknown = [s for s in chosen if s not in catalog]
+    if unknown:
+        raise ConfigError(f"--systems: unknown {unknown}; the catalog has {sorted(catalog)}")
+    machines = [catalog[s] for s in chosen]
+    gpus_known = {m.gpu.name: {"fp32_tflops": m.gpu.fp32_tflops, "tdp_w": m.gpu.tdp_w, "idle_w": m.gpu.idle_w}
+                  for m in catalog.values() if m.gpu}
+    machines += [_parse_machine(t, gpus_known) for t in args.machine]
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rlbalance plan: {cal['workload']['env']} with {cal['workload']['model']} (all modeled)")
+    for col in ("system", "FPS", "verdict", "FPS/W", "$ per 1e9 frames", "actor threads/GPU wanted", "has"):
+        table.add_column(col, justify="right")
+    results = []
+    for m in machines:
+        p = predict(cal, m)
+        r = best_ratios(cal, m)
+        results.append({"machine": m.name, "prediction": p, "ratios": {k: v for k, v in r.items() if k != "curve"},
+                        "curve": [(c["actor_threads"], c["fps"], c["fps_per_watt"]) for c in r["curve"]]})
+        cost = f"{p['cost_per_billion_frames']:,.2f}" if p["cost_per_billion_frames"] else "n/a"
+        table.add_row(m.name, f"{p['fps']:,.0f}", p["verdict"], f"{p['fps_per_watt']:,.1f}", cost,
+                      f"{r['throughput_optimal_R']:g}", f"{r['has_R']:g}")
+    Console().print(table)
+    if args.out:
+        from pathlib import Path
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(results, indent=2, default=str))
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in results:
+            acc = max(next(m for m in machines if m.name == r["machine"]).gpus, 1)
+            ax.plot([c[0] / acc for c in r["curve"]], [c[1] / acc for c in r["curve"]], label=r["machine"])
+        ax.set_xlabel("actor threads per accelerator (R)")
+        ax.set_ylabel("predicted FPS per accelerator (modeled)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "plan.png", dpi=100)
+        plt.close(fig)
+        print(f"wrote {out / 'plan.json'} and {out / 'plan.png'}")
+    return 0

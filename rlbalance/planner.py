@@ -1,0 +1,220 @@
+"""The throughput model and planner: from a calibration, predict FPS, the bottleneck, node power and the
+best CPU/GPU ratios on another machine (a catalog entry or a user-described one).
+
+Per env step, in microseconds:
+
+- actor side, on one hardware thread: env step cost at K envs (times the SMT factor when actors use
+  sibling threads) + the message round trip shared by K envs + copying the observation through
+  shared memory; actor SPS = actor threads x 1e6 / that;
+- learner side, on one accelerator: training time per step (update time / (B x T)) + inference time
+  per step (forward time / batch) at the batch the actors keep in flight; learner SPS = devices x 1e6 / that.
+  On another GPU both scale by its speed relative to the calibrated device: a GPU calibration file where
+  there is one, else a roofline estimate (model FLOPs over peak FP32 at a stated efficiency, plus a fixed
+  per-call overhead), marked modeled;
+- where there is no GPU, the learner runs on host threads; actors and learner then share the machine
+  when actor threads + learner threads exceed its threads, and a step costs the sum of both.
+
+FPS = frameskip x min(actor SPS, learner SPS); the smaller side is the verdict. Power: CPU idle at 30% of
+TDP plus the busy share of the rest, GPUs idle plus their utilization share of TDP less idle, plus a base.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from .config import ConfigError
+
+ROOFLINE_EFFICIENCY = 0.3  # fraction of peak FP32 a small RL model reaches (stated, modeled)
+GPU_INFER_OVERHEAD_MS = 0.08  # kernel launches and sync per forward pass (modeled)
+GPU_TRAIN_OVERHEAD_MS = 1.5  # per update: forward, backward, optimizer kernels (modeled)
+CPU_IDLE_FRACTION = 0.3
+KNEE_TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    fp32_tflops: float
+    tdp_w: float
+    idle_w: float
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    description: str
+    cores: int
+    threads: int
+    gpus: int
+    gpu: GpuSpec | None
+    cpu_tdp_w: float
+    base_w: float
+    price_per_hour: float | None = None
+
+
+def _need(entry: dict, where: str, key: str, kind, positive: bool = True):
+    if key not in entry:
+        raise ConfigError(f"{where}: missing field {key!r}")
+    v = entry[key]
+    if isinstance(v, bool) or not isinstance(v, kind):
+        raise ConfigError(f"{where}.{key}={v!r}: expected a number" if kind is not str else f"{where}.{key}: expected text")
+    if positive and kind is not str and v < 0:
+        raise ConfigError(f"{where}.{key}={v!r}: must be >= 0")
+    return v
+
+
+def parse_catalog(data: dict, source: str = "catalog") -> dict[str, Machine]:
+    """Validate a catalog (the structure of data/systems.yaml); errors name the entry and field."""
+    if not isinstance(data, dict) or "systems" not in data:
+        raise ConfigError(f"{source}: expected top-level 'gpus' and 'systems' sections")
+    gpus = {}
+    for name, g in (data.get("gpus") or {}).items():
+        where = f"{source}: gpus.{name}"
+        if not isinstance(g, dict):
+            raise ConfigError(f"{where}: expected fields fp32_tflops, tdp_w, idle_w")
+        gpus[name] = GpuSpec(name, float(_need(g, where, "fp32_tflops", (int, float))),
+                             float(_need(g, where, "tdp_w", (int, float))), float(_need(g, where, "idle_w", (int, float))))
+    out = {}
+    for name, s in (data.get("systems") or {}).items():
+        where = f"{source}: systems.{name}"
+        if not isinstance(s, dict):
+            raise ConfigError(f"{where}: expected a mapping of fields")
+        cores = _need(s, where, "cores", int)
+        threads = _need(s, where, "threads", int)
+        if cores < 1 or threads < cores:
+            raise ConfigError(f"{where}: cores={cores}, threads={threads}: need 1 <= cores <= threads")
+        n_gpus = _need(s, where, "gpus", int)
+        gpu = None
+        if n_gpus:
+            key = _need(s, where, "gpu", str)
+            if key not in gpus:
+                raise ConfigError(f"{where}.gpu={key!r}: unknown GPU; known: {sorted(gpus)} (add it under gpus:)")
+            gpu = gpus[key]
+        price = s.get("price_per_hour")
+        if price is not None:
+            price = float(_need(s, where, "price_per_hour", (int, float)))
+        out[name] = Machine(name, str(s.get("description", name)), cores, threads, n_gpus, gpu,
+                            float(_need(s, where, "cpu_tdp_w", (int, float))), float(_need(s, where, "base_w", (int, float))),
+                            price)
+    return out
+
+
+def load_catalog(path: str | Path | None = None) -> dict[str, Machine]:
+    import yaml
+
+    if path is None:
+        text = resources.files("rlbalance").joinpath("data/systems.yaml").read_text()
+        source = "rlbalance/data/systems.yaml"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"catalog {p} not found")
+        text, source = p.read_text(), str(p)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: invalid YAML: {e}") from None
+    return parse_catalog(data, source)
+
+
+def interp(table: dict[str, float], x: float) -> float:
+    """Piecewise-linear in x through the measured points; linear extrapolation past the ends."""
+    pts = sorted((float(k), float(v)) for k, v in table.items())
+    if len(pts) == 1:
+        return pts[0][1] * x / pts[0][0] if x > pts[0][0] else pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1 or (x1, y1) == pts[-1]:
+            return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 1e-9)
+    return pts[-1][1]
+
+
+def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
+    """Speed of ``gpu`` relative to the calibrated device for inference and training (roofline, modeled)."""
+    w = cal["workload"]
+    peak = gpu.fp32_tflops * 1e12 * ROOFLINE_EFFICIENCY
+    b_inf = 128
+    t_inf = GPU_INFER_OVERHEAD_MS + w["forward_flops_per_obs"] * b_inf / peak * 1e3
+    b_tr = w["batch_size"]
+    samples = b_tr * (w["unroll_length"] + 1)
+    t_tr = GPU_TRAIN_OVERHEAD_MS + 3 * w["forward_flops_per_obs"] * samples / peak * 1e3
+    return {"inference": interp(cal["inference_ms"], b_inf) / t_inf,
+            "training": interp(cal["train_step_ms"], b_tr) / t_tr, "source": "modeled (roofline)"}
+
+
+def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict | None = None) -> dict:
+    w = cal["workload"]
+    k, t, b = w["envs_per_actor"], w["unroll_length"], w["batch_size"]
+    learner_threads = 0 if m.gpus else int(cal.get("torch_threads", 1))
+    if actor_threads is None:
+        actor_threads = m.threads - (1 if m.gpus else learner_threads)
+    actor_threads = max(1, min(actor_threads, m.threads))
+    smt = (cal.get("smt") or {}).get("factor") or 1.0
+    smt_threads = max(0, actor_threads - m.cores)  # threads beyond one per core run on siblings
+    env_us = interp(cal["env_step_us"], k)
+    per_thread = [env_us * (smt if i < 2 * smt_threads else 1.0) for i in range(actor_threads)]
+    overhead_us = cal["pipe_round_trip_us"] / k + 3 * w["obs_bytes"] * cal["copy_ns_per_byte"] / 1e3
+    actor_sps = sum(1e6 / (c + overhead_us) for c in per_thread)
+    actor_cost_us = actor_threads * 1e6 / actor_sps  # thread-microseconds per step
+    in_flight = max(k, min(512, actor_threads * k * max(w.get("env_groups", 1), 1) // 2))
+    inf_us = interp(cal["inference_ms"], in_flight) * 1e3 / in_flight
+    train_us = interp(cal["train_step_ms"], b) * 1e3 / (b * t)
+    if m.gpus:
+        speed = speed or gpu_speed(cal, m.gpu)
+        inf_us, train_us = inf_us / speed["inference"], train_us / speed["training"]
+    device_us = inf_us + train_us
+    learner_sps = max(m.gpus, 1) * 1e6 / device_us
+    sps = min(actor_sps, learner_sps)
+    shared = not m.gpus and actor_threads + learner_threads > m.threads
+    if shared:  # actors and the CPU learner take turns on the same threads
+        sps = min(sps, m.threads * 1e6 / (actor_cost_us + device_us * learner_threads))
+    if actor_sps <= learner_sps:
+        verdict = "actor-bound"
+    else:
+        verdict = "inference-bound" if inf_us > train_us else "learner-bound"
+    busy_threads = min(m.threads, sps * actor_cost_us / 1e6 + (0 if m.gpus else sps * device_us / 1e6))
+    cpu_w = m.cpu_tdp_w * (CPU_IDLE_FRACTION + (1 - CPU_IDLE_FRACTION) * busy_threads / m.threads)
+    gpu_util = sps / learner_sps if m.gpus else 0.0
+    gpu_w = m.gpus * (m.gpu.idle_w + (m.gpu.tdp_w - m.gpu.idle_w) * gpu_util) if m.gpus else 0.0
+    node_w = cpu_w + gpu_w + m.base_w
+    fps = sps * w["frames_per_step"]
+    return {"machine": m.name, "actor_threads": actor_threads, "sps": sps, "fps": fps, "verdict": verdict,
+            "actor_sps": actor_sps, "learner_sps": learner_sps, "shared_cores": shared, "gpu_util": gpu_util,
+            "node_power_w": node_w, "fps_per_watt": fps / node_w,
+            "cost_per_billion_frames": (m.price_per_hour / (fps * 3600) * 1e9) if m.price_per_hour else None,
+            "speed": speed, "source": "modeled"}
+
+
+def best_ratios(cal: dict, m: Machine, speed: dict | None = None) -> dict:
+    """Throughput- and efficiency-optimal actor threads per accelerator on machine ``m``."""
+    acc = max(m.gpus, 1)
+    reserve = 1 if m.gpus else int(cal.get("torch_threads", 1))
+    rows = [predict(cal, m, r * acc, speed) for r in range(1, max(1, (m.threads - reserve) // acc) + 1)]
+    best = max(p["fps"] for p in rows)
+    knee = next(p for p in rows if p["fps"] >= (1 - KNEE_TOLERANCE) * best)
+    eff = max(rows, key=lambda p: p["fps_per_watt"])
+    return {"throughput_optimal_R": knee["actor_threads"] / acc, "efficiency_optimal_R": eff["actor_threads"] / acc,
+            "at_knee": knee, "at_efficiency": eff, "curve": rows,
+            "has_R": (m.threads - reserve) / acc, "source": "modeled"}
+
+
+def this_machine(cal: dict) -> Machine:
+    hw = cal["hardware"]
+    return Machine("this machine", hw.get("cpu_model", "?"), int(hw.get("physical_cores") or hw["logical_cpus"]),
+                   int(hw.get("usable_cpus") or hw["logical_cpus"]), 0, None, 10.0 * hw["logical_cpus"], 100.0)
+
+
+def validate(cal: dict, rows: list[dict]) -> dict:
+    """Predicted against measured FPS for sweep points on the calibrated machine."""
+    m = this_machine(cal)
+    out = []
+    for r in rows:
+        p = predict(cal, m, int(r["actor_cores"]))
+        out.append({"key": r["key"], "point": r["point"], "measured_fps": r["fps"], "predicted_fps": p["fps"],
+                    "error": abs(p["fps"] - r["fps"]) / r["fps"], "measured_verdict": r["verdict"],
+                    "predicted_verdict": p["verdict"]})
+    errs = sorted(x["error"] for x in out)
+    return {"points": out, "median_abs_error": errs[len(errs) // 2] if errs else math.nan,
+            "worst_abs_error": errs[-1] if errs else math.nan}

@@ -1,0 +1,143 @@
+"""The throughput model on synthetic calibrations with known answers, and the catalog's validation."""
+
+import pytest
+
+from rlbalance.config import ConfigError
+from rlbalance.planner import GpuSpec, Machine, best_ratios, interp, load_catalog, parse_catalog, predict
+
+
+def calibration(env_us=100.0, train_ms=10.0, infer_ms=1.0, torch_threads=1):
+    """K=10 envs, T=10, B=10: one update trains 100 steps; inference flat in batch size."""
+    return {
+        "workload": {"env": "synthetic", "model": "mlp", "frames_per_step": 1, "obs_bytes": 0, "num_actions": 2,
+                     "unroll_length": 10, "envs_per_actor": 10, "env_groups": 2, "batch_size": 10,
+                     "forward_flops_per_obs": 1000},
+        "torch_threads": torch_threads, "env_step_us": {"10": env_us}, "smt": {"factor": None},
+        "inference_ms": {"10": infer_ms, "1000": infer_ms * 100}, "train_step_ms": {"10": train_ms},
+        "pipe_round_trip_us": 0.0, "copy_ns_per_byte": 0.0,
+        "hardware": {"cpu_model": "x", "physical_cores": 8, "logical_cpus": 8, "usable_cpus": 8},
+    }
+
+
+GPU = GpuSpec("G", fp32_tflops=10.0, tdp_w=300, idle_w=50)
+
+
+def box(threads=16, gpus=1):
+    return Machine("box", "test", threads, threads, gpus, GPU if gpus else None, 200.0, 100.0, 2.0)
+
+
+SAME = {"inference": 1.0, "training": 1.0}  # the GPU runs as fast as the calibrated device
+
+
+def test_env_bound_known_answer():
+    cal = calibration(env_us=1000.0, train_ms=1.0, infer_ms=0.01)  # 1 ms per env step: 1k SPS per thread
+    p = predict(cal, box(), actor_threads=4, speed=SAME)
+    assert p["verdict"] == "actor-bound"
+    assert p["sps"] == pytest.approx(4 * 1000, rel=1e-6)
+    assert p["source"] == "modeled"
+
+
+def test_learner_bound_known_answer():
+    cal = calibration(env_us=1.0, train_ms=100.0, infer_ms=0.01)  # 100 ms per 100 steps: 1k SPS
+    p = predict(cal, box(), actor_threads=8, speed=SAME)
+    assert p["verdict"] == "learner-bound"
+    # device time per step: 1000 us training + 1 us inference (0.01 ms / 10 envs)
+    assert p["sps"] == pytest.approx(1e6 / (1000 + 1), rel=1e-6)
+
+
+def test_balanced_knee_is_where_the_sides_meet():
+    cal = calibration(env_us=1000.0, train_ms=25.0, infer_ms=0.0001)  # learner 4k SPS, 1k SPS per thread
+    r = best_ratios(cal, box(threads=16), speed=SAME)
+    # FPS rises by 1k per actor thread until 4 threads saturate the learner: the knee is at R = 4
+    assert r["throughput_optimal_R"] == 4
+    assert r["at_knee"]["verdict"] in ("actor-bound", "learner-bound")
+    assert predict(cal, box(), 8, speed=SAME)["verdict"] == "learner-bound"
+    assert predict(cal, box(), 2, speed=SAME)["verdict"] == "actor-bound"
+
+
+def test_two_gpus_double_the_learner_side():
+    cal = calibration(env_us=1.0, train_ms=100.0, infer_ms=0.01)
+    one = predict(cal, box(gpus=1), 8, speed=SAME)["sps"]
+    two = predict(cal, box(gpus=2), 8, speed=SAME)["sps"]
+    assert two == pytest.approx(2 * one, rel=1e-6)
+
+
+def test_cpu_learner_shares_threads():
+    cal = calibration(env_us=100.0, train_ms=1.0, infer_ms=0.001)
+    p = predict(cal, box(threads=2, gpus=0), actor_threads=2)
+    assert p["shared_cores"]
+    # a step costs 100 us of env on a thread + 10 us of learning (1 ms per 100-step update): 2 threads share
+    assert p["sps"] == pytest.approx(2 * 1e6 / (100 + 10), rel=1e-3)
+
+
+def test_power_and_cost_are_modeled_and_positive():
+    p = predict(calibration(), box(), 4, speed=SAME)
+    assert p["node_power_w"] > 100 and p["fps_per_watt"] > 0 and p["cost_per_billion_frames"] > 0
+
+
+def test_interp_is_linear_and_extrapolates():
+    assert interp({"10": 1.0, "20": 3.0}, 15) == pytest.approx(2.0)
+    assert interp({"10": 1.0, "20": 3.0}, 30) == pytest.approx(5.0)
+
+
+def test_builtin_catalog_reads_and_has_the_dgx_systems():
+    cat = load_catalog()
+    for name in ("dgx-1", "dgx-2", "dgx-a100", "dgx-h100"):
+        assert name in cat and cat[name].gpus >= 8
+    assert cat["dgx-a100"].gpu.name == "A100" and cat["dgx-a100"].threads == 256
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"cores": 8, "threads": 4, "gpus": 0, "cpu_tdp_w": 100, "base_w": 50}, "cores=8, threads=4"),
+    ({"cores": 8, "threads": 16, "gpus": 1, "gpu": "Z100", "cpu_tdp_w": 100, "base_w": 50}, "unknown GPU"),
+    ({"cores": 8, "threads": 16, "gpus": 0, "base_w": 50}, "missing field 'cpu_tdp_w'"),
+    ({"cores": "eight", "threads": 16, "gpus": 0, "cpu_tdp_w": 1, "base_w": 1}, "systems.bad.cores"),
+])
+def test_bad_catalog_entries_get_clear_errors(entry, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_catalog({"gpus": {"V100": {"fp32_tflops": 15.7, "tdp_w": 300, "idle_w": 40}},
+                       "systems": {"bad": entry}})
+
+
+def test_bad_catalog_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("systems: [1, 2\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_catalog(f)
+
+
+def test_calibrate_plan_and_validate_cli(tmp_path, capsys):
+    import json
+
+    from rlbalance.cli import main
+    from rlbalance.sweep import parse_axes, run_sweep
+
+    cal_path = tmp_path / "cal.json"
+    assert main(["calibrate", "--quick", "--out", str(cal_path)]) == 0
+    cal = json.loads(cal_path.read_text())
+    assert cal["format"] == "rlbalance-calibration-v1"
+    assert all(v > 0 for v in cal["env_step_us"].values()) and cal["pipe_round_trip_us"] > 0
+    assert cal["workload"]["forward_flops_per_obs"] > 0 and cal["hardware"]["logical_cpus"] >= 1
+    assert main(["plan", "--calibration", str(cal_path), "--systems", "dgx-a100,dgx-1", "--out",
+                 str(tmp_path / "plan"), "--machine", "mine:cores=4,threads=8,gpus=1,gpu=A100,cpu_tdp_w=65,"
+                 "base_w=50,price_per_hour=1.5"]) == 0
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert [p["machine"] for p in plan] == ["dgx-a100", "dgx-1", "mine"]
+    assert all(p["prediction"]["source"] == "modeled" and p["prediction"]["fps"] > 0 for p in plan)
+    assert plan[2]["prediction"]["cost_per_billion_frames"] > 0
+    rows = run_sweep("v", {"telemetry": {"warmup_s": 0.5}}, parse_axes(["actors.num_actors=1,2"]), 8000,
+                     tmp_path / "s.db", str(tmp_path / "runs"))
+    capsys.readouterr()
+    assert main(["plan", "--calibration", str(cal_path), "--validate", str(tmp_path / "s.db")]) == 0
+    out = capsys.readouterr().out
+    assert "median absolute error" in out and len(rows) == 2
+
+
+def test_unknown_system_is_named(tmp_path):
+    import json
+
+    from rlbalance.cli import main
+
+    cal = tmp_path / "c.json"
+    cal.write_text(json.dumps({"format": "rlbalance-calibration-v1", **calibration()}))
+    assert main(["plan", "--calibration", str(cal), "--systems", "dgx-z"]) == 2
