@@ -57,6 +57,33 @@ def env_step_us(cfg: C.Config, k: int, seconds: float = 0.6) -> float:
     return t / k * 1e6
 
 
+class _ConstantPolicy:
+    """Answers at once with action 0: what is left is the actor loop's own cost."""
+
+    def __init__(self, k: int, num_actions: int):
+        self.answer = (np.zeros(k, dtype=np.int64), np.zeros((k, num_actions), dtype=np.float32), 0)
+
+    def request(self, obs) -> None:
+        pass
+
+    def receive(self):
+        return self.answer
+
+
+def actor_loop_us(cfg: C.Config, k: int, seconds: float = 0.6) -> float:
+    """Microseconds per env step of the whole actor loop (env step, buffer writes, timers), no inference."""
+    from .actor import Rollout
+
+    envs = EnvBatch(cfg.env, k, 0)
+    spec = envs.spec
+    bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, spec, shared=False)
+    view = bufs.view(0)
+    rollout = Rollout(envs, _ConstantPolicy(k, spec.num_actions))
+    t = _median_time(lambda: rollout.fill(view), reps=3, min_s=seconds / 3)
+    envs.close()
+    return t / (cfg.learner.unroll_length * k) * 1e6
+
+
 def _smt_worker(cfg, k, cpu, q):
     import os
 
@@ -136,6 +163,8 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     ks = [1, 8] if quick or cfg.env.is_atari else [1, 8, 32]
     progress("env step cost per core ...")
     env = {str(k): env_step_us(cfg, k) for k in ks}
+    progress("actor loop cost per step ...")
+    loop = {str(k): actor_loop_us(cfg, k) for k in ks}
     progress("SMT effect ...")
     smt = smt_factor(cfg, cfg.actors.envs_per_actor)
     model = build_model(cfg.learner, spec).to(device)
@@ -170,7 +199,7 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
                      "env_groups": cfg.actors.env_groups, "batch_size": cfg.learner.batch_size,
                      "forward_flops_per_obs": flops},
         "device": str(device), "torch_threads": cfg.learner.torch_threads,
-        "env_step_us": env, "smt": smt, "inference_ms": inference, "train_step_ms": training,
+        "env_step_us": env, "actor_loop_us": loop, "smt": smt, "inference_ms": inference, "train_step_ms": training,
         "pipe_round_trip_us": pipe_round_trip_us(500 if quick else 2000),
         "copy_ns_per_byte": copy_ns_per_byte(obs_bytes * k * 64),
         "hardware": hardware_stamp(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -3,9 +3,9 @@ best CPU/GPU ratios on another machine (a catalog entry or a user-described one)
 
 Per env step, in microseconds:
 
-- actor side, on one hardware thread: env step cost at K envs (times the SMT factor when actors use
-  sibling threads) + the message round trip shared by K envs + copying the observation through
-  shared memory; actor SPS = actor threads x 1e6 / that;
+- actor side, on one hardware thread: the actor loop's cost per step at K envs (env step and buffer
+  writes; times the SMT factor when actors use sibling threads) + the message round trip shared by K
+  envs + copying the observation to the step slot; actor SPS = actor threads x 1e6 / that;
 - learner side, on one accelerator: training time per step (update time / (B x T)) + inference time
   per step (forward time / batch) at the batch the actors keep in flight; learner SPS = devices x 1e6 / that.
   On another GPU both scale by its speed relative to the calibrated device: a GPU calibration file where
@@ -153,9 +153,13 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     actor_threads = max(1, min(actor_threads, m.threads))
     smt = (cal.get("smt") or {}).get("factor") or 1.0
     smt_threads = max(0, actor_threads - m.cores)  # threads beyond one per core run on siblings
-    env_us = interp(cal["env_step_us"], k)
+    if "actor_loop_us" in cal:  # the whole actor loop (env + buffer writes) was measured
+        env_us = interp(cal["actor_loop_us"], k)
+        overhead_us = cal["pipe_round_trip_us"] / k + w["obs_bytes"] * cal["copy_ns_per_byte"] / 1e3
+    else:
+        env_us = interp(cal["env_step_us"], k)
+        overhead_us = cal["pipe_round_trip_us"] / k + 3 * w["obs_bytes"] * cal["copy_ns_per_byte"] / 1e3
     per_thread = [env_us * (smt if i < 2 * smt_threads else 1.0) for i in range(actor_threads)]
-    overhead_us = cal["pipe_round_trip_us"] / k + 3 * w["obs_bytes"] * cal["copy_ns_per_byte"] / 1e3
     actor_sps = sum(1e6 / (c + overhead_us) for c in per_thread)
     actor_cost_us = actor_threads * 1e6 / actor_sps  # thread-microseconds per step
     in_flight = max(k, min(512, actor_threads * k * max(w.get("env_groups", 1), 1) // 2))
