@@ -5,6 +5,7 @@ inference and with actor-side inference; serial and parallel modes give the same
 """
 
 import json
+import statistics
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_serial_and_parallel_learn_alike(cfg_factory):
         late = [r for st, r in c if st >= 250_000]
         # the same shape: low at first, then up by a large factor
         assert max(early) < 100, (mode, c)
-        assert min(late) > 2.5 * max(early), (mode, c)
+        assert statistics.mean(late) > 3 * statistics.mean(early), (mode, c)
     # and at a similar pace: both cross a return of 150 within 2x of each other's step count
     cross = {m: _first_crossing(c, 150) for m, c in curves.items()}
     assert all(cross.values()), cross
