@@ -54,12 +54,16 @@ class MetricsLogger:
         self.start_steps = start_steps
         self.last_t, self.last_steps = self.t0, start_steps
         self.warm_t: float | None = None
+        self.first_t: float | None = None  # time of the first update
         self.warm_steps = start_steps
         self.windows: deque[tuple[float, int]] = deque(maxlen=64)
 
     def note_steps(self, steps: int) -> None:
+        """Called after each update; warm-up counts from the first one (process start-up excluded)."""
         now = time.perf_counter()
-        if self.warm_t is None and now - self.t0 >= self.warmup_s:
+        if self.first_t is None:
+            self.first_t = now
+        if self.warm_t is None and now - self.first_t >= self.warmup_s:
             self.warm_t, self.warm_steps = now, steps
         self.windows.append((now, steps))
 

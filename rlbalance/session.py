@@ -75,7 +75,9 @@ class Session:
 
     @property
     def warm(self) -> bool:
-        return time.perf_counter() - self.t_start >= self.cfg.telemetry.warmup_s
+        """Past warm-up, counted from the first update (actor start-up is not steady state)."""
+        first = self.logger.first_t
+        return first is not None and time.perf_counter() - first >= self.cfg.telemetry.warmup_s
 
     def done(self) -> bool:
         if self.learner.steps >= self.cfg.run.total_steps:
