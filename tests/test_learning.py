@@ -2,6 +2,10 @@
 
 Must show (issue 2): mean return over the last 100 episodes >= 400 within 500k steps, with central
 inference and with actor-side inference; serial and parallel modes give the same curve shape.
+
+The 400 test runs the serial runner (the same Rollout, policies, model and Learner as the parallel one,
+in one process), so it is deterministic for a seed; the parallel runner's learning, whose timing makes
+every run differ, is held to the serial curve's shape below.
 """
 
 import json
@@ -31,7 +35,8 @@ MODES = {"central": {}, "actor": {"actors": {"env_groups": 1, "buffers_per_actor
 @pytest.mark.slow
 @pytest.mark.parametrize("inference", list(MODES))
 def test_cartpole_reaches_400_within_500k_steps(cfg_factory, inference):
-    s = train(cfg_factory(inference={"mode": inference}, run={"total_steps": BUDGET, "name": inference},
+    s = train(cfg_factory(inference={"mode": inference}, run={"total_steps": BUDGET, "name": inference,
+                                                              "mode": "serial"},
                           telemetry={"tensorboard": False}, **MODES[inference]))
     curve = _curve(s["run_dir"])
     best = max(r for _, r in curve)
