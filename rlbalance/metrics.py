@@ -1,4 +1,4 @@
-"""Metrics: JSONL beside TensorBoard, FPS over windows, episode statistics, a progress bar."""
+"""Metrics: JSONL beside TensorBoard, sustained FPS after warm-up, episode statistics, a progress bar."""
 
 from __future__ import annotations
 
@@ -56,7 +56,6 @@ class MetricsLogger:
         self.warm_t: float | None = None
         self.first_t: float | None = None  # time of the first update
         self.warm_steps = start_steps
-        self.windows: deque[tuple[float, int]] = deque(maxlen=64)
 
     def note_steps(self, steps: int) -> None:
         """Called after each update; warm-up counts from the first one (process start-up excluded)."""
@@ -65,7 +64,6 @@ class MetricsLogger:
             self.first_t = now
         if self.warm_t is None and now - self.first_t >= self.warmup_s:
             self.warm_t, self.warm_steps = now, steps
-        self.windows.append((now, steps))
 
     def sustained_sps(self, steps: int) -> float:
         """Steps per second since warm-up ended (since the start if warm-up never ended)."""

@@ -86,11 +86,11 @@ def _plots(a: dict, out: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.8))
-    by_actors = sorted(a["points"], key=lambda p: json.loads(p["config"])["actors"]["num_actors"])
-    xs = [json.loads(p["config"])["actors"]["num_actors"] for p in by_actors]
-    ax.plot(xs, [p["fps"] for p in by_actors], "-", color="0.6")
-    for x, p in zip(xs, by_actors):
-        ax.scatter(x, p["fps"], color=colors.get(p["verdict"], "k"), s=50, zorder=3)
+    by_actors = sorted((json.loads(p["config"])["actors"]["num_actors"], p["fps"], p["verdict"]) for p in a["points"])
+    xs = [x for x, _, _ in by_actors]
+    ax.plot(xs, [f for _, f, _ in by_actors], "-", color="0.6")
+    for x, fps, verdict in by_actors:
+        ax.scatter(x, fps, color=colors.get(verdict, "k"), s=50, zorder=3)
     ax.set_xlabel("actor processes")
     ax.set_ylabel("FPS")
     ax.grid(alpha=0.3)

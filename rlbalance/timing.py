@@ -27,6 +27,10 @@ class StageTimer:
         self.total[name] += seconds
         self.count[name] += n
 
+    def elapsed(self) -> float:
+        """Seconds since the last reset (cheap: no copy of the totals)."""
+        return time.perf_counter() - self.t0
+
     def snapshot(self, reset: bool = False) -> dict:
         wall = time.perf_counter() - self.t0
         snap = {"wall_s": wall, "seconds": dict(self.total), "count": dict(self.count)}

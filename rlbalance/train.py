@@ -136,7 +136,7 @@ def _drain_stats(stats_q, session: Session, server, full_q, free_q, final: bool 
         except queue.Empty:
             break
         session.role_snapshot(role, snap)
-    if server is not None and (final or server.timer.snapshot()["wall_s"] > 1.0):
+    if server is not None and (final or server.timer.elapsed() > 1.0):
         session.role_snapshot("inference", server.timer.snapshot(reset=True))
         if server.gpu_busy_s:
             session.gpu_timer.add("inference", server.gpu_busy_s)
