@@ -199,8 +199,11 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
         local = LocalModel(model, sh.weights, sh.weights_lock, cfg.inference.sync_every, client_seed(cfg, clients[0]))
         policies = [local.policy() for _ in clients]
 
+    def beat() -> None:
+        heartbeat[actor_id] = time.monotonic()
+
     def take() -> int:
-        idx = _take(sh.free_q, sh.stop, timer)
+        idx = _take(sh.free_q, sh.stop, timer, beat)
         owner[idx] = actor_id
         return idx
 
@@ -242,11 +245,13 @@ def _check_parent() -> None:
         raise _Stopped
 
 
-def _take(free_q, stop_event, timer: StageTimer) -> int:
+def _take(free_q, stop_event, timer: StageTimer, beat) -> int:
+    """A free buffer index. Waiting on the learner is not hanging: the heartbeat goes on meanwhile."""
     with timer.stage("wait_buffer"):
         while not stop_event.is_set():
             try:
                 return free_q.get(timeout=0.2)
             except queue.Empty:
+                beat()
                 _check_parent()
     raise _Stopped
