@@ -21,7 +21,7 @@ import torch
 
 from .buffers import RolloutBuffers, SharedWeights, StepSlots, UnrollView
 from .config import Config
-from .envs import EnvBatch
+from .envs import EnvBatch, StepResult
 from .timing import StageTimer
 
 
@@ -33,15 +33,13 @@ class Policy(Protocol):
         """The answer to the last request: (actions [K], logits [K, A], policy version)."""
 
 
-class Rollout:
-    """One env group and its place in the current unroll buffer."""
+class UnrollWriter:
+    """Writes one env group's steps into its current unroll buffer, in two halves: the action chosen
+    at x_t, then what stepping the envs gave. Used where the envs are stepped in this process
+    (``Rollout``) and where they are stepped elsewhere (the Ray runner's learner-side record)."""
 
-    def __init__(self, envs: EnvBatch, policy: Policy, timer: StageTimer | None = None):
-        self.envs, self.policy = envs, policy
-        self.timer = timer or StageTimer()
-        with self.timer.stage("reset"):
-            self.obs = envs.reset()
-        policy.request(self.obs)
+    def __init__(self, k: int, obs: np.ndarray):
+        self.k, self.obs = k, obs
         self.buf: UnrollView | None = None
         self.t = 0
         self.steps = 0
@@ -49,34 +47,57 @@ class Rollout:
     def begin(self, buf: UnrollView) -> None:
         self.buf, self.t = buf, 0
 
-    def step(self) -> bool:
-        """Take one step of all K envs into the buffer; True when the buffer is complete."""
-        buf, t, timer = self.buf, self.t, self.timer
-        with timer.stage("wait_action"):
-            action, logits, version = self.policy.receive()
+    def record_action(self, action: np.ndarray, logits: np.ndarray, version: int) -> None:
+        buf, t = self.buf, self.t
         if t == 0:
             buf.version[...] = version
         buf.obs[t] = self.obs
         buf.action[t] = action
         buf.logits[t] = logits
-        with timer.stage("env_step"):
-            r = self.envs.step(action)
+
+    def record_step(self, r: StepResult, final_obs: np.ndarray | None) -> bool:
+        """The transition of the recorded action; True when the buffer is complete. ``final_obs`` is
+        needed only where ``r.truncated`` (rows elsewhere are ignored)."""
+        buf, t = self.buf, self.t
         buf.reward[t] = r.reward
         buf.done[t] = r.done
         buf.truncated[t] = r.truncated
         if r.truncated.any():
-            buf.final_obs[t][r.truncated] = self.envs.final_obs[r.truncated]
+            buf.final_obs[t][r.truncated] = final_obs[r.truncated]
         buf.ep_end[t] = r.game_over
         buf.ep_return[t] = r.ep_return
         buf.ep_length[t] = r.ep_length
         self.obs = r.obs
         self.t += 1
-        self.steps += self.envs.k
+        self.steps += self.k
         complete = self.t == buf.action.shape[0] - 1
         if complete:  # row T: the bootstrap observation (its action comes with the next buffer's row 0)
             buf.obs[self.t] = self.obs
             buf.reward[self.t] = 0
             buf.done[self.t] = buf.truncated[self.t] = buf.ep_end[self.t] = False
+        return complete
+
+
+class Rollout(UnrollWriter):
+    """One env group stepped in this process, and its place in the current unroll buffer."""
+
+    def __init__(self, envs: EnvBatch, policy: Policy, timer: StageTimer | None = None):
+        self.envs, self.policy = envs, policy
+        self.timer = timer or StageTimer()
+        with self.timer.stage("reset"):
+            obs = envs.reset()
+        super().__init__(envs.k, obs)
+        policy.request(self.obs)
+
+    def step(self) -> bool:
+        """Take one step of all K envs into the buffer; True when the buffer is complete."""
+        timer = self.timer
+        with timer.stage("wait_action"):
+            action, logits, version = self.policy.receive()
+        self.record_action(action, logits, version)
+        with timer.stage("env_step"):
+            r = self.envs.step(action)
+        complete = self.record_step(r, self.envs.final_obs)
         self.policy.request(self.obs)
         return complete
 

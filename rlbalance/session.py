@@ -67,6 +67,8 @@ class Session:
         self.extra_scalars: dict[str, float] = {}
         self.verdicts: list[dict] = []
         self.actor_pool = None  # set by the parallel runner: restarts and lost actor-seconds
+        self.nodes = None  # set by the Ray runner: per-node CPU figures reported by the actors
+        self.extra_info: dict[str, object] = {}  # runner facts for telemetry.json and the summary
         self.sampler = None
         if tc.hardware_interval_s > 0:
             self.sampler = HardwareSampler(tc.hardware_interval_s, PowerModel(
@@ -135,6 +137,8 @@ class Session:
             scalars.update({f"{role}/share_{k}": v for k, v in sh.items()})
         self.window.clear()
         scalars.update(self.extra_scalars)
+        if self.nodes is not None:
+            scalars.update(self.nodes.scalars())
         if self.actor_pool is not None:
             scalars["actors/restarts"] = self.actor_pool.restarts
             scalars["actors/lost_seconds"] = self.actor_pool.pending_lost_seconds()
@@ -180,6 +184,8 @@ class Session:
         return {"stage_shares": shares, "hardware": hw, "verdict": verdict, "latency_ms": latencies,
                 "transport": transport,
                 "verdict_timeline": self.verdicts,
+                "nodes": self.nodes.summary() if self.nodes is not None else {},
+                **self.extra_info,
                 "inference_batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
                 "hardware_timeline": self.sampler.timeline() if self.sampler is not None else []}
 
@@ -221,6 +227,8 @@ class Session:
             "verdict_advice": tel["verdict"]["advice"],
             "node_power_w": hw.get("node_power_w"), "cpu_util_mean": hw.get("cpu_util_mean"),
             "checkpoint": str(ckpt), "run_dir": str(self.run.path),
+            "actors_on": "ray" if self.cfg.ray.enabled else "local processes",
+            "nodes": tel["nodes"],
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         if summary["node_power_w"]:

@@ -86,9 +86,12 @@ def expand(base: dict, axes: dict[str, list[str]], steps: int | None = None) -> 
 
 def actor_cores(cfg: C.Config) -> int:
     """CPU hardware threads given to actors: the pinned set, else one per actor process (at most all).
-    With the synthetic env in 'sleep' mode each actor emulates one core whose work runs elsewhere."""
+    With the synthetic env in 'sleep' mode each actor emulates one core whose work runs elsewhere; Ray
+    actors count the CPUs they reserve (ray.cpus_per_actor each)."""
     if cfg.env.id == "synthetic" and cfg.env.synthetic_cost == "sleep":
         return cfg.actors.num_actors
+    if cfg.ray.enabled:  # Ray actors reserve their CPUs on the cluster's nodes
+        return max(1, round(cfg.actors.num_actors * cfg.ray.cpus_per_actor))
     if cfg.actors.cpu_affinity:
         return len(set(cfg.actors.cpu_affinity))
     return min(cfg.actors.num_actors, len(_usable_cpus()))

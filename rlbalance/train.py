@@ -159,6 +159,11 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
     ``after_run(learner, spec)``, if given, runs after training and before the final checkpoint and
     report (``rlbalance profile`` captures its kernel view there)."""
     spec = probe_spec(cfg.env)  # a bad env id fails here, before any process starts
+    if cfg.ray.enabled:
+        from .ray_runner import import_ray, loopback_env
+
+        loopback_env(cfg)
+        import_ray()  # Ray missing fails here too
     device = resolve_device(cfg.learner.device)
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.learner.torch_threads)
@@ -185,7 +190,12 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
     outcome = "completed"
     restore = _sigterm_as_interrupt()
     try:
-        (run_serial if cfg.run.mode == "serial" else run_parallel)(cfg, spec, learner, session)
+        if cfg.ray.enabled:
+            from .ray_runner import run_ray
+
+            run_ray(cfg, spec, learner, session)
+        else:
+            (run_serial if cfg.run.mode == "serial" else run_parallel)(cfg, spec, learner, session)
         if after_run is not None:
             after_run(learner, spec)
     except KeyboardInterrupt:

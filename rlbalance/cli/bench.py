@@ -7,6 +7,7 @@
   rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
   rlbalance bench soak --minutes 30            # memory flat and FPS steady over a long run
   rlbalance bench planner                      # calibrate, sweep, and the model's error on held-out points
+  rlbalance bench ray                          # Ray actors against shared-memory actors, overhead per step
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=["trainer", "pong-curve", "telemetry-overhead", "sweep", "soak",
-                                         "planner"],
+                                         "planner", "ray"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
@@ -41,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
 
         r = run_overhead(args.steps or 300_000, args.repeats, out)
         print(f"telemetry overhead {r['overhead']:+.1%} (median {r['median_on']:,.0f} vs {r['median_off']:,.0f} SPS)")
+        return 0
+    if args.name == "ray":
+        from bench.ray_overhead import run_ray_overhead
+
+        print(f"wrote {run_ray_overhead(out, [w for w in args.workloads.split(',') if w and w != 'pong'] or ['cartpole'], [int(x) for x in args.actors.split(',') if x] or [1, 2, 4], args.steps or 150_000)}")
         return 0
     if args.name == "planner":
         from bench.planner_validation import run_validation

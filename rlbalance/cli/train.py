@@ -4,6 +4,7 @@ Examples:
   rlbalance train
   rlbalance train --env.id ALE/Pong-v5 --learner.reward_clip 1 --run.total_steps 500000
   rlbalance train --config my.toml --set inference.mode=actor
+  rlbalance train --ray local --actors.num_actors 4
   rlbalance train --resume runs/CartPole-v1-20261202-120000
 """
 
@@ -19,6 +20,8 @@ from .options import add_config_arguments, cli_overrides, load_config
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="Continue a run from its latest checkpoint; the run's own "
                    "config is used, with any --set/--section.field overrides on top (e.g. a larger run.total_steps).")
+    p.add_argument("--ray", metavar="ADDRESS", help="Run the actors on a Ray cluster: 'local' starts a private one "
+                   "on 127.0.0.1; HOST:PORT or 'auto' joins a running one (same as --ray.address).")
     add_config_arguments(p)
 
 
@@ -26,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from ..rundir import RunDir
     from ..train import train
 
+    if args.ray:
+        args.set = [*args.set, f"ray.address={args.ray}"]
     if args.resume:
         base = RunDir(args.resume).read_config().to_dict()
         layers = [base]
