@@ -7,7 +7,11 @@ Terms measured, each the median of a few repetitions:
 - inference latency (policy forward + sampling) against batch size, on the learner device;
 - training step time against batch size (unrolls of length T), on the learner device;
 - transport: the round trip of a one-byte message on a pipe between two processes, and the cost of
-  copying observations per byte (what the shared-memory path does per step).
+  copying observations per byte (what the shared-memory path does per step);
+- the pipeline loop: a short real training run of the workload's shape (observation shape, K, env
+  groups, model, batch) on a free env (the synthetic env at 0 us per step) with one actor: what one
+  env group's round trip costs with the learner training beside the server, and the CPU time per step
+  of the actor's and the learner's processes, without any env cost.
 
 Saved with the hardware stamp as a JSON calibration file that the planner reads.
 """
@@ -18,7 +22,7 @@ import json
 import multiprocessing as mp
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +160,33 @@ def model_flops(model: torch.nn.Module, obs: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
+def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0) -> dict:
+    """A real training run on a free env of this workload's shape, 1 actor: group cycle and CPU per step."""
+    import tempfile
+
+    from .train import train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        over = {"env": {"id": "synthetic", "synthetic_step_us": 0.0, "synthetic_obs_shape": list(spec.obs_shape),
+                        "synthetic_actions": spec.num_actions},
+                "actors": {"num_actors": 1, "envs_per_actor": cfg.actors.envs_per_actor,
+                           "env_groups": cfg.actors.env_groups},
+                "inference": {"mode": cfg.inference.mode},
+                "learner": {**asdict(cfg.learner), "model": resolve_model(cfg.learner, spec)},
+                "run": {"total_steps": 10**9, "max_seconds": seconds, "out_dir": tmp, "name": "pipeline"},
+                "telemetry": {"progress": False, "report": False, "tensorboard": False, "warmup_s": seconds / 4,
+                              "hardware_interval_s": 0.5, "log_interval_s": 0.5}}
+        s = train(C.build(over))
+        recs = [json.loads(line) for line in open(Path(s["run_dir"]) / "metrics.jsonl")]
+    half = recs[len(recs) // 3:]
+    cores = {role: statistics.mean(r.get(f"hw/cpu_cores_{role}", 0.0) for r in half) for role in ("actor", "learner")}
+    sps = s["sps_sustained"]
+    k, g = cfg.actors.envs_per_actor, cfg.actors.env_groups
+    return {"sps": sps, "group_cycle_us": g * k * 1e6 / sps,
+            "actor_cpu_us_per_step": cores["actor"] * 1e6 / sps, "learner_cpu_us_per_step": cores["learner"] * 1e6 / sps,
+            "source": "measured: synthetic env at 0 us per step, 1 actor, the workload's shapes"}
+
+
 def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     spec = probe_spec(cfg.env)
     device = resolve_device(cfg.learner.device)
@@ -189,6 +220,8 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     progress("transport ...")
     obs_bytes = int(np.prod(spec.obs_shape)) * (1 if spec.obs_dtype == np.uint8 else 4)
     flops = model_flops(model.cpu(), one) if device.type == "cpu" else model_flops(build_model(cfg.learner, spec), one)
+    progress("pipeline loop (a short training run on a free env) ...")
+    pipeline = pipeline_loop(cfg, spec, 5.0 if quick else 8.0)
     from .rundir import hardware_stamp
 
     return {
@@ -202,6 +235,7 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
         "env_step_us": env, "actor_loop_us": loop, "smt": smt, "inference_ms": inference, "train_step_ms": training,
         "pipe_round_trip_us": pipe_round_trip_us(500 if quick else 2000),
         "copy_ns_per_byte": copy_ns_per_byte(obs_bytes * k * 64),
+        "pipeline": pipeline,
         "hardware": hardware_stamp(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 

@@ -170,11 +170,27 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
         inf_us, train_us = inf_us / speed["inference"], train_us / speed["training"]
     device_us = inf_us + train_us
     learner_sps = max(m.gpus, 1) * 1e6 / device_us
+    pipe = cal.get("pipeline")
+    if pipe:  # the measured pipeline loop: round trips and per-step CPU with the learner running beside
+        g = max(int(w.get("env_groups", 1)), 1)
+        group_env_us = k * env_us
+        cycle = max(pipe["group_cycle_us"] + group_env_us, g * group_env_us)  # one group's turn, all groups
+        actor_sps = min(actor_sps, actor_threads * g * k * 1e6 / cycle)
+        actor_cost_us = env_us + pipe["actor_cpu_us_per_step"]
+        if not m.gpus:  # the CPU learner's process: its measured CPU per step (inference, training, loop)
+            device_us = pipe["learner_cpu_us_per_step"]
+            learner_sps = 1e6 * max(1.0, min(learner_threads + 1, m.threads - 1)) / device_us
     sps = min(actor_sps, learner_sps)
-    shared = not m.gpus and actor_threads + learner_threads > m.threads
+    shared = not m.gpus and (actor_threads + learner_threads > m.threads or bool(pipe))
+    cpu_bound = False
     if shared:  # actors and the CPU learner take turns on the same threads
-        sps = min(sps, m.threads * 1e6 / (actor_cost_us + device_us * learner_threads))
-    if actor_sps <= learner_sps:
+        per_step = actor_cost_us + device_us * (1 if pipe else learner_threads)
+        capacity = m.threads * 1e6 / per_step
+        cpu_bound = capacity < sps
+        sps = min(sps, capacity)
+    if cpu_bound:
+        verdict = "actor-bound" if actor_cost_us >= device_us else "learner-bound"
+    elif actor_sps <= learner_sps:
         verdict = "actor-bound"
     else:
         verdict = "inference-bound" if inf_us > train_us else "learner-bound"

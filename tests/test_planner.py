@@ -70,6 +70,28 @@ def test_cpu_learner_shares_threads():
     assert p["sps"] == pytest.approx(2 * 1e6 / (100 + 10), rel=1e-3)
 
 
+def test_pipeline_round_trip_limits_few_actors():
+    """With the measured pipeline loop, an actor's K=10 envs wait one round trip per step: 2 groups of
+    10 envs, env 10 us (100 us per group-step), round trip 900 us: each group steps every 1000 us."""
+    cal = calibration(env_us=10.0, train_ms=0.1, infer_ms=0.001)
+    cal["pipeline"] = {"group_cycle_us": 900.0, "actor_cpu_us_per_step": 0.0, "learner_cpu_us_per_step": 1.0}
+    p = predict(cal, box(threads=64, gpus=0), actor_threads=1)
+    assert p["verdict"] == "actor-bound"
+    assert p["sps"] == pytest.approx(2 * 10 * 1e6 / 1000, rel=1e-6)
+    # more actors: more groups in flight at once, until the threads are used up
+    assert predict(cal, box(threads=64, gpus=0), actor_threads=4)["sps"] == pytest.approx(4 * p["sps"], rel=1e-6)
+
+
+def test_pipeline_cpu_capacity_caps_many_actors():
+    """2 threads; a step costs 10 us of env + 40 us of actor loop + 30 us in the learner process."""
+    cal = calibration(env_us=10.0, train_ms=0.1, infer_ms=0.001)
+    cal["pipeline"] = {"group_cycle_us": 0.0, "actor_cpu_us_per_step": 40.0, "learner_cpu_us_per_step": 30.0}
+    p = predict(cal, box(threads=2, gpus=0), actor_threads=8)
+    assert p["shared_cores"]
+    assert p["sps"] == pytest.approx(2 * 1e6 / (10 + 40 + 30), rel=1e-6)  # below the learner's 1e6 / 30
+    assert p["verdict"] == "actor-bound"  # the actor side takes more of the CPU: 50 us against 30 us
+
+
 def test_power_and_cost_are_modeled_and_positive():
     p = predict(calibration(), box(), 4, speed=SAME)
     assert p["node_power_w"] > 100 and p["fps_per_watt"] > 0 and p["cost_per_billion_frames"] > 0
