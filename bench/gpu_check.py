@@ -1,6 +1,7 @@
 """The GPU path, for a machine with a CUDA device (the device tool's lent H200): short central-inference
 trainings on CartPole and Pong with learner.device=cuda, a kernel-view capture, and the telemetry's
-NVML figures, which must be *measured* there. Writes bench/results/gpu-check.json.
+NVML figures, which must be *measured* there, and quick GPU calibrations of Pong and CartPole (for
+`rlbalance plan --gpu-calibration`). Writes bench/results/gpu-check.json and gpu-calibration-*.json.
 
   python -m bench.gpu_check            # exits 1 when there is no CUDA device
 """
@@ -45,6 +46,12 @@ def main(out: str = "bench/results") -> int:
     res["profile"] = {p: {k: g[k] for k in ("by_kind_ms", "wall_ms_per_step", "achieved_flops")}
                       for p, g in prof["phases"].items()}
     out_p.mkdir(parents=True, exist_ok=True)
+    from rlbalance.calibrate import run_calibration, save
+
+    for name in ("pong", "cartpole"):  # GPU calibration files for `rlbalance plan --gpu-calibration`
+        cal = run_calibration(workload_config(name, {"learner": {"device": "cuda"}}), quick=True)
+        save(cal, out_p / f"gpu-calibration-{name}.json")
+        res[f"gpu_calibration_{name}"] = {"inference_ms": cal["inference_ms"], "train_step_ms": cal["train_step_ms"]}
     (out_p / "gpu-check.json").write_text(json.dumps(res, indent=2, default=str))
     print(json.dumps(res, indent=2, default=str))
     ok = all((r["gpu_power_w"] or {}).get("source") == "measured" for r in res["runs"].values())

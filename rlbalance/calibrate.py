@@ -8,10 +8,11 @@ Terms measured, each the median of a few repetitions:
 - training step time against batch size (unrolls of length T), on the learner device;
 - transport: the round trip of a one-byte message on a pipe between two processes, and the cost of
   copying observations per byte (what the shared-memory path does per step);
-- the pipeline loop: a short real training run of the workload's shape (observation shape, K, env
-  groups, model, batch) on a free env (the synthetic env at 0 us per step) with one actor: what one
-  env group's round trip costs with the learner training beside the server, and the CPU time per step
-  of the actor's and the learner's processes, without any env cost.
+- the pipeline loop: short real training runs of the workload's shape (observation shape, K, env
+  groups, model, batch) on a free env (the synthetic env at 0 us per step) with 1, 2, ... actors up to
+  twice the usable CPUs: what one env group's round trip costs with the learner training beside the
+  server, and the CPU time per step of the actors' and the learner's processes, without the env's cost
+  (the free env's own step cost is measured too, to be taken off the real env's).
 
 Saved with the hardware stamp as a JSON calibration file that the planner reads.
 """
@@ -160,7 +161,7 @@ def model_flops(model: torch.nn.Module, obs: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
-def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0) -> dict:
+def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1) -> dict:
     """A real training run on a free env of this workload's shape, 1 actor: group cycle and CPU per step."""
     import tempfile
 
@@ -169,7 +170,7 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         over = {"env": {"id": "synthetic", "synthetic_step_us": 0.0, "synthetic_obs_shape": list(spec.obs_shape),
                         "synthetic_actions": spec.num_actions},
-                "actors": {"num_actors": 1, "envs_per_actor": cfg.actors.envs_per_actor,
+                "actors": {"num_actors": num_actors, "envs_per_actor": cfg.actors.envs_per_actor,
                            "env_groups": cfg.actors.env_groups},
                 "inference": {"mode": cfg.inference.mode},
                 "learner": {**asdict(cfg.learner), "model": resolve_model(cfg.learner, spec)},
@@ -180,11 +181,12 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0) -> dict:
         recs = [json.loads(line) for line in open(Path(s["run_dir"]) / "metrics.jsonl")]
     half = recs[len(recs) // 3:]
     cores = {role: statistics.mean(r.get(f"hw/cpu_cores_{role}", 0.0) for r in half) for role in ("actor", "learner")}
-    sps = s["sps_sustained"]
+    sps = s["sps_sustained"] or s["sps_overall"]  # a loaded machine may log too little after warm-up
+    if not sps:
+        raise RuntimeError(f"pipeline loop with {num_actors} actors made no steps in {seconds} s")
     k, g = cfg.actors.envs_per_actor, cfg.actors.env_groups
     return {"sps": sps, "group_cycle_us": g * k * 1e6 / sps,
-            "actor_cpu_us_per_step": cores["actor"] * 1e6 / sps, "learner_cpu_us_per_step": cores["learner"] * 1e6 / sps,
-            "source": "measured: synthetic env at 0 us per step, 1 actor, the workload's shapes"}
+            "actor_cpu_us_per_step": cores["actor"] * 1e6 / sps, "learner_cpu_us_per_step": cores["learner"] * 1e6 / sps}
 
 
 def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
@@ -220,8 +222,16 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     progress("transport ...")
     obs_bytes = int(np.prod(spec.obs_shape)) * (1 if spec.obs_dtype == np.uint8 else 4)
     flops = model_flops(model.cpu(), one) if device.type == "cpu" else model_flops(build_model(cfg.learner, spec), one)
-    progress("pipeline loop (a short training run on a free env) ...")
-    pipeline = pipeline_loop(cfg, spec, 5.0 if quick else 8.0)
+    progress("pipeline loop (short training runs on a free env) ...")
+    import os
+
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    counts = sorted({1, ncpu, 2 * ncpu}) if not quick else [1]
+    free = replace(cfg.env, id="synthetic", synthetic_step_us=0.0, synthetic_obs_shape=tuple(spec.obs_shape),
+                   synthetic_actions=spec.num_actions)
+    pipeline = {"points": {str(n): pipeline_loop(cfg, spec, 4.0 if quick else 6.0, n) for n in counts},
+                "free_env_step_us": env_step_us(replace(cfg, env=free), k),
+                "source": "measured: synthetic env at 0 us per step, the workload's shapes"}
     from .rundir import hardware_stamp
 
     return {

@@ -21,6 +21,7 @@ TDP plus the busy share of the rest, GPUs idle plus their utilization share of T
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -131,6 +132,16 @@ def interp(table: dict[str, float], x: float) -> float:
     return pts[-1][1]
 
 
+def clamped(points: dict[str, dict], n: float, key: str) -> float:
+    """``key`` of the pipeline points, linear in the actor count between them, held flat past the ends."""
+    pts = sorted((float(a), p[key]) for a, p in points.items())
+    if n <= pts[0][0]:
+        return pts[0][1]
+    if n >= pts[-1][0]:
+        return pts[-1][1]
+    return interp({str(a): v for a, v in pts}, n)
+
+
 def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
     """Speed of ``gpu`` relative to the calibrated device for inference and training (roofline, modeled)."""
     w = cal["workload"]
@@ -142,6 +153,37 @@ def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
     t_tr = GPU_TRAIN_OVERHEAD_MS + 3 * w["forward_flops_per_obs"] * samples / peak * 1e3
     return {"inference": interp(cal["inference_ms"], b_inf) / t_inf,
             "training": interp(cal["train_step_ms"], b_tr) / t_tr, "source": "modeled (roofline)"}
+
+
+def gpu_speed_measured(cal: dict, gpu_cal: dict) -> dict:
+    """Speed of the GPU a calibration file was made on, relative to ``cal``'s device: the ratio of their
+    measured inference (batch 128) and training (the workload's B) times."""
+    for key in ("env", "model", "unroll_length"):
+        if cal["workload"].get(key) != gpu_cal["workload"].get(key):
+            raise ConfigError(f"GPU calibration: workload.{key} is {gpu_cal['workload'].get(key)!r}, the "
+                              f"calibration's is {cal['workload'].get(key)!r}; calibrate the same workload on the GPU")
+    b = cal["workload"]["batch_size"]
+    name = gpu_name(gpu_cal) or "?"
+    return {"inference": interp(cal["inference_ms"], 128) / interp(gpu_cal["inference_ms"], 128),
+            "training": interp(cal["train_step_ms"], b) / interp(gpu_cal["train_step_ms"], b),
+            "source": f"measured (GPU calibration on {name})"}
+
+
+def gpu_name(cal: dict) -> str | None:
+    gpus = (cal.get("hardware") or {}).get("gpus") or []
+    return gpus[0].get("name") if gpus and str(cal.get("device", "")).startswith("cuda") else None
+
+
+def speed_for(cal: dict, m: Machine, gpu_cals: list[dict]) -> dict | None:
+    """A measured speed where a GPU calibration was made on the machine's GPU model (its catalog name,
+    e.g. A100, in the NVML name), else None: the roofline estimate applies."""
+    if not m.gpu:
+        return None
+    for g in gpu_cals:
+        name = gpu_name(g)
+        if name and m.gpu.name.lower() in name.lower():
+            return gpu_speed_measured(cal, g)
+    return None
 
 
 def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict | None = None) -> dict:
@@ -170,16 +212,17 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
         inf_us, train_us = inf_us / speed["inference"], train_us / speed["training"]
     device_us = inf_us + train_us
     learner_sps = max(m.gpus, 1) * 1e6 / device_us
-    pipe = cal.get("pipeline")
-    if pipe:  # the measured pipeline loop: round trips and per-step CPU with the learner running beside
+    pipe = cal.get("pipeline") if not m.gpus else None
+    if pipe:  # the measured pipeline loop: round trips and CPU per step with the CPU learner beside
+        at = {key: clamped(pipe["points"], actor_threads, key)
+              for key in ("group_cycle_us", "actor_cpu_us_per_step", "learner_cpu_us_per_step")}
+        env_extra = max(0.0, interp(cal["env_step_us"], k) - pipe.get("free_env_step_us", 0.0))
         g = max(int(w.get("env_groups", 1)), 1)
-        group_env_us = k * env_us
-        cycle = max(pipe["group_cycle_us"] + group_env_us, g * group_env_us)  # one group's turn, all groups
+        cycle = max(at["group_cycle_us"] + k * env_extra, g * k * env_extra)  # a group's turn; all groups
         actor_sps = min(actor_sps, actor_threads * g * k * 1e6 / cycle)
-        actor_cost_us = env_us + pipe["actor_cpu_us_per_step"]
-        if not m.gpus:  # the CPU learner's process: its measured CPU per step (inference, training, loop)
-            device_us = pipe["learner_cpu_us_per_step"]
-            learner_sps = 1e6 * max(1.0, min(learner_threads + 1, m.threads - 1)) / device_us
+        actor_cost_us = env_extra + at["actor_cpu_us_per_step"]
+        device_us = at["learner_cpu_us_per_step"]
+        learner_sps = m.threads * 1e6 / device_us  # with the whole machine; the shared capacity is below
     sps = min(actor_sps, learner_sps)
     shared = not m.gpus and (actor_threads + learner_threads > m.threads or bool(pipe))
     cpu_bound = False
@@ -235,6 +278,6 @@ def validate(cal: dict, rows: list[dict]) -> dict:
         out.append({"key": r["key"], "point": r["point"], "measured_fps": r["fps"], "predicted_fps": p["fps"],
                     "error": abs(p["fps"] - r["fps"]) / r["fps"], "measured_verdict": r["verdict"],
                     "predicted_verdict": p["verdict"]})
-    errs = sorted(x["error"] for x in out)
-    return {"points": out, "median_abs_error": errs[len(errs) // 2] if errs else math.nan,
-            "worst_abs_error": errs[-1] if errs else math.nan}
+    errs = [x["error"] for x in out]
+    return {"points": out, "median_abs_error": statistics.median(errs) if errs else math.nan,
+            "worst_abs_error": max(errs) if errs else math.nan}

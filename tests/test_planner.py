@@ -3,7 +3,8 @@
 import pytest
 
 from rlbalance.config import ConfigError
-from rlbalance.planner import GpuSpec, Machine, best_ratios, interp, load_catalog, parse_catalog, predict
+from rlbalance.planner import (GpuSpec, Machine, best_ratios, interp, load_catalog, parse_catalog, predict,
+                               speed_for)
 
 
 def calibration(env_us=100.0, train_ms=10.0, infer_ms=1.0, torch_threads=1):
@@ -74,22 +75,47 @@ def test_pipeline_round_trip_limits_few_actors():
     """With the measured pipeline loop, an actor's K=10 envs wait one round trip per step: 2 groups of
     10 envs, env 10 us (100 us per group-step), round trip 900 us: each group steps every 1000 us."""
     cal = calibration(env_us=10.0, train_ms=0.1, infer_ms=0.001)
-    cal["pipeline"] = {"group_cycle_us": 900.0, "actor_cpu_us_per_step": 0.0, "learner_cpu_us_per_step": 1.0}
+    cal["pipeline"] = {"points": {"1": {"group_cycle_us": 900.0, "actor_cpu_us_per_step": 0.0,
+                                        "learner_cpu_us_per_step": 1.0}}, "free_env_step_us": 0.0}
     p = predict(cal, box(threads=64, gpus=0), actor_threads=1)
     assert p["verdict"] == "actor-bound"
     assert p["sps"] == pytest.approx(2 * 10 * 1e6 / 1000, rel=1e-6)
-    # more actors: more groups in flight at once, until the threads are used up
+    # more actors: more groups in flight at once, until the threads are used up; the pipeline terms
+    # between measured actor counts are linear in the count, and flat past the last one
+    cal["pipeline"]["points"]["3"] = {"group_cycle_us": 1900.0, "actor_cpu_us_per_step": 0.0,
+                                      "learner_cpu_us_per_step": 1.0}
+    two = predict(cal, box(threads=64, gpus=0), actor_threads=2)["sps"]
+    assert two == pytest.approx(2 * 2 * 10 * 1e6 / (1400 + 100), rel=1e-6)
+    del cal["pipeline"]["points"]["3"]
     assert predict(cal, box(threads=64, gpus=0), actor_threads=4)["sps"] == pytest.approx(4 * p["sps"], rel=1e-6)
 
 
 def test_pipeline_cpu_capacity_caps_many_actors():
     """2 threads; a step costs 10 us of env + 40 us of actor loop + 30 us in the learner process."""
     cal = calibration(env_us=10.0, train_ms=0.1, infer_ms=0.001)
-    cal["pipeline"] = {"group_cycle_us": 0.0, "actor_cpu_us_per_step": 40.0, "learner_cpu_us_per_step": 30.0}
+    cal["pipeline"] = {"points": {"1": {"group_cycle_us": 0.0, "actor_cpu_us_per_step": 40.0,
+                                        "learner_cpu_us_per_step": 30.0}}, "free_env_step_us": 0.0}
     p = predict(cal, box(threads=2, gpus=0), actor_threads=8)
     assert p["shared_cores"]
     assert p["sps"] == pytest.approx(2 * 1e6 / (10 + 40 + 30), rel=1e-6)  # below the learner's 1e6 / 30
     assert p["verdict"] == "actor-bound"  # the actor side takes more of the CPU: 50 us against 30 us
+
+
+def test_gpu_calibration_file_gives_a_measured_speed():
+    cal = calibration(env_us=1.0, train_ms=100.0, infer_ms=0.01)
+    gpu_cal = calibration(env_us=1.0, train_ms=25.0, infer_ms=0.005)  # the same workload, 4x/2x faster
+    gpu_cal.update(device="cuda", hardware={"gpus": [{"name": "NVIDIA G-SXM 80GB"}]})
+    speed = speed_for(cal, box(), [gpu_cal])
+    assert speed["training"] == pytest.approx(4.0) and speed["inference"] == pytest.approx(2.0)
+    assert speed["source"].startswith("measured")
+    assert speed_for(cal, box(gpus=0), [gpu_cal]) is None  # no GPU: nothing to scale
+    other = Machine("other", "t", 16, 16, 1, GpuSpec("T4", 8.1, 70, 10), 200.0, 100.0)
+    assert speed_for(cal, other, [gpu_cal]) is None  # another GPU model: the roofline applies
+    p = predict(cal, box(), 8, speed=speed)
+    assert p["sps"] == pytest.approx(4 * predict(cal, box(), 8, speed=SAME)["sps"], rel=0.01)
+    gpu_cal["workload"] = {**gpu_cal["workload"], "env": "CartPole-v1"}
+    with pytest.raises(ConfigError, match="workload.env"):
+        speed_for(cal, box(), [gpu_cal])
 
 
 def test_power_and_cost_are_modeled_and_positive():

@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--systems", default="", help="comma-separated catalog names (default: all)")
     p.add_argument("--machine", action="append", default=[], help="NAME:cores=..,threads=..,gpus=..,gpu=..,"
                    "cpu_tdp_w=..,base_w=..[,price_per_hour=..]")
+    p.add_argument("--gpu-calibration", action="append", default=[], metavar="FILE",
+                   help="a calibration of the same workload made on a GPU (rlbalance calibrate on that machine); "
+                        "machines with that GPU model use its measured speed instead of the roofline estimate")
     p.add_argument("--validate", metavar="SWEEP_DB", help="compare predictions with measured sweep points")
     p.add_argument("--out", default=None, help="write plan.json (and plan.png) here")
 
@@ -43,9 +46,10 @@ def _parse_machine(text: str, catalog_data: dict):
 def run(args: argparse.Namespace) -> int:
     from ..calibrate import load
     from ..config import ConfigError
-    from ..planner import best_ratios, load_catalog, predict, validate
+    from ..planner import best_ratios, load_catalog, predict, speed_for, validate
 
     cal = load(args.calibration)
+    gpu_cals = [load(f) for f in args.gpu_calibration]
     if args.validate:
         from ..sweep import load_rows
 
@@ -73,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col, justify="right")
     results = []
     for m in machines:
-        p = predict(cal, m)
-        r = best_ratios(cal, m)
+        speed = speed_for(cal, m, gpu_cals)
+        p = predict(cal, m, speed=speed)
+        r = best_ratios(cal, m, speed)
         results.append({"machine": m.name, "prediction": p, "ratios": {k: v for k, v in r.items() if k != "curve"},
                         "curve": [(c["actor_threads"], c["fps"], c["fps_per_watt"]) for c in r["curve"]]})
         cost = f"{p['cost_per_billion_frames']:,.2f}" if p["cost_per_billion_frames"] else "n/a"
