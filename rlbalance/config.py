@@ -148,6 +148,9 @@ class LearnerConfig:
     """The V-trace actor-critic learner."""
 
     device: str = _f("auto", "Learner device: 'auto' (cuda when available, else cpu), 'cpu' or 'cuda'.")
+    devices: int = _f(1, "Learner devices, data parallel: each batch is split over this many (cuda:0..N-1, or N "
+                      "replicas on host threads for a CPU learner), gradients are averaged on the first, where "
+                      "central inference runs. Advantages are normalised per device shard.")
     model: str = _f("auto", "'mlp', 'nature_cnn', or 'auto' (CNN for image observations, else MLP).")
     hidden_sizes: tuple[int, ...] = _f((64, 64), "MLP hidden layer sizes.")
     unroll_length: int = _f(20, "Unroll length T (steps per trajectory).")
@@ -188,6 +191,9 @@ class LearnerConfig:
             _require(getattr(self, name) > 0, f"learner.{name}", getattr(self, name), "must be > 0")
         _require(self.reward_clip >= 0, "learner.reward_clip", self.reward_clip, "must be >= 0")
         _require(self.torch_threads >= 1, "learner.torch_threads", self.torch_threads, "must be >= 1")
+        _require(self.devices >= 1, "learner.devices", self.devices, "must be >= 1")
+        _require(self.batch_size % self.devices == 0, "learner.batch_size", self.batch_size,
+                 f"must be a multiple of learner.devices={self.devices} (each device trains on an equal shard)")
 
 
 @dataclass(frozen=True)

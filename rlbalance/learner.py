@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 
 import torch
@@ -34,6 +35,17 @@ class Learner:
         # Held around the optimizer step, so a concurrent inference pass never sees half-updated weights.
         self.step_lock = step_lock or contextlib.nullcontext()
         self.model = model.to(device)
+        # Data parallel over learner.devices: replicas of the model on the other devices (or CPU replicas),
+        # each trained on an equal shard of the batch; their gradients are averaged into self.model's.
+        from .model import resolve_devices
+
+        self.devices = [device] + resolve_devices(device.type, cfg.devices)[1:] if cfg.devices > 1 else [device]
+        self.replicas = [copy.deepcopy(self.model).to(d) for d in self.devices[1:]]
+        self._pool = None
+        if self.replicas:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="learner-shard")
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
         self.updates = 0
         self.steps = 0  # environment steps consumed
@@ -47,15 +59,17 @@ class Learner:
             return self.cfg.learning_rate
         return self.cfg.learning_rate * max(0.0, 1.0 - self.steps / self.total_steps)
 
-    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        nb = self.device.type == "cuda"
-        return {k: (v.pin_memory() if nb else v).to(self.device, non_blocking=nb) for k, v in batch.items()}
+    def to_device(self, batch: dict[str, torch.Tensor], device: torch.device | None = None) -> dict[str, torch.Tensor]:
+        device = device or self.device
+        nb = device.type == "cuda"
+        return {k: (v.pin_memory() if nb else v).to(device, non_blocking=nb) for k, v in batch.items()}
 
-    def loss(self, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, b: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict]:
         cfg = self.cfg
+        model = model or self.model
         t1, n = b["action"].shape[:2]
         t = t1 - 1
-        logits, values = self.model(b["obs"].reshape(t1 * n, *b["obs"].shape[2:]))
+        logits, values = model(b["obs"].reshape(t1 * n, *b["obs"].shape[2:]))
         logits = logits.reshape(t1, n, -1)
         values = values.reshape(t1, n)
         actions = b["action"][:t].long()
@@ -70,7 +84,7 @@ class Learner:
         if truncated.any():
             # A time limit is not a terminal state: bootstrap from the value of the last observation.
             with torch.no_grad():
-                _, v_final = self.model(b["final_obs"][:t][truncated])
+                _, v_final = model(b["final_obs"][:t][truncated])
             rewards = rewards.clone()
             rewards[truncated] += cfg.discount * v_final
         vt = vtrace(target_logp.detach() - behaviour_logp, discounts, rewards, values[:t].detach(), values[t].detach(),
@@ -87,20 +101,16 @@ class Learner:
 
     def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One update on a batch already in host memory. Returns loss figures and stage times (s)."""
+        if self.replicas:
+            return self._train_parallel(batch)
         t0 = time.perf_counter()
         b = self.to_device(batch)
         t1 = time.perf_counter()
         if self.cuda:
             self._ev_start.record()
-        lr = self.lr_now()
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+        lr = self._set_lr()
         total, stats = self.loss(b)
-        if not torch.isfinite(total):
-            raise NonFiniteLossError(
-                f"loss is {total.item()} at update {self.updates} (pg={stats['pg_loss'].item():.4g}, "
-                f"baseline={stats['baseline_loss'].item():.4g}, entropy={stats['entropy'].item():.4g}); "
-                "lower learner.learning_rate or set learner.reward_clip")
+        self._check_finite(total, stats)
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
@@ -113,11 +123,65 @@ class Learner:
         t3 = time.perf_counter()
         if self.cuda:
             out["time_gpu_train"] = self._ev_start.elapsed_time(self._ev_end) / 1000.0
-        t_steps = (b["action"].shape[0] - 1) * b["action"].shape[1]
+        return self._count(b["action"], out, grad_norm, lr, t1 - t0, t2 - t1, t3 - t2)
+
+    def _set_lr(self) -> float:
+        lr = self.lr_now()
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        return lr
+
+    def _check_finite(self, total: torch.Tensor, stats: dict) -> None:
+        if not torch.isfinite(total):
+            raise NonFiniteLossError(
+                f"loss is {total.item()} at update {self.updates} (pg={stats['pg_loss'].item():.4g}, "
+                f"baseline={stats['baseline_loss'].item():.4g}, entropy={stats['entropy'].item():.4g}); "
+                "lower learner.learning_rate or set learner.reward_clip")
+
+    def _count(self, action: torch.Tensor, out: dict, grad_norm, lr: float, h2d: float, fwd_bwd: float,
+               optim: float) -> dict[str, float]:
         self.updates += 1
-        self.steps += t_steps
-        out.update(grad_norm=float(grad_norm), lr=lr, time_h2d=t1 - t0, time_fwd_bwd=t2 - t1, time_optim=t3 - t2)
+        self.steps += (action.shape[0] - 1) * action.shape[1]
+        out.update(grad_norm=float(grad_norm), lr=lr, time_h2d=h2d, time_fwd_bwd=fwd_bwd, time_optim=optim)
         return out
+
+    def _train_parallel(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Data parallel: shard i of the batch (columns) on device i, gradients averaged on the first."""
+        n = len(self.devices)
+        models = [self.model, *self.replicas]
+        t0 = time.perf_counter()
+        shards = [{k: v.chunk(n, dim=1)[i] for k, v in batch.items() if k != "version"} for i in range(n)]
+        lr = self._set_lr()
+        for m in models:
+            m.zero_grad(set_to_none=True)
+
+        def shard(i: int):
+            b = self.to_device(shards[i], self.devices[i])
+            total, stats = self.loss(b, models[i])
+            if torch.isfinite(total):
+                total.backward()
+            return total, stats
+
+        results = list(self._pool.map(shard, range(n)))
+        for total, stats in results:
+            self._check_finite(total, stats)
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            for p0, *ps in zip(self.model.parameters(), *[r.parameters() for r in self.replicas]):
+                for p in ps:
+                    p0.grad.add_(p.grad.to(p0.device))
+                p0.grad.div_(n)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        with self.step_lock:
+            self.optimizer.step()
+        with torch.no_grad():  # the replicas take the new weights
+            for p0, *ps in zip(self.model.parameters(), *[r.parameters() for r in self.replicas]):
+                for p in ps:
+                    p.copy_(p0, non_blocking=True)
+        out = {k: float(sum(float(r[1][k].item()) for r in results) / n) for k in results[0][1]}
+        t3 = time.perf_counter()
+        # the copies to the devices happen inside each shard's forward/backward
+        return self._count(batch["action"], out, grad_norm, lr, 0.0, t1 - t0, t3 - t1)
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -125,6 +189,8 @@ class Learner:
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
+        for r in self.replicas:
+            r.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
         self.steps = int(state["steps"])

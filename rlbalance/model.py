@@ -92,6 +92,19 @@ def build_model(cfg: LearnerConfig, spec: EnvSpec) -> ActorCritic:
     return ActorCritic(torso, out, spec.num_actions)
 
 
+def resolve_devices(name: str, n: int) -> list[torch.device]:
+    """The learner's devices: n CUDA devices, or n CPU replicas."""
+    first = resolve_device(name)
+    if n == 1:
+        return [first]
+    if first.type == "cuda":
+        have = torch.cuda.device_count()
+        if n > have:
+            raise ConfigError(f"learner.devices={n} but {have} CUDA device(s) are visible: use at most {have}")
+        return [torch.device("cuda", i) for i in range(n)]
+    return [first] * n
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -3,6 +3,7 @@ fixed length, one SQLite row per finished point. Resumable: a rerun skips the po
 
 Axes are config fields (``actors.num_actors=1,2,4``) plus one shorthand, ``cores=1,2``: pin the
 actors to that many CPU cores (CPU affinity), so a large machine can emulate smaller CPU/GPU ratios.
+A point's accelerators are its ``learner.devices`` (an axis like any other field).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ CREATE TABLE IF NOT EXISTS points (
     point TEXT NOT NULL,          -- the axis values, JSON
     config TEXT NOT NULL,         -- the whole config used, JSON
     actor_cores INTEGER NOT NULL, -- CPU hardware threads given to actors
-    accelerators INTEGER NOT NULL,-- learner devices (1 CPU core set when there is no GPU)
+    accelerators INTEGER NOT NULL,-- learner devices (learner.devices: GPUs, or CPU core sets)
     device TEXT NOT NULL,
     fps REAL, sps REAL, episode_return REAL, policy_lag REAL,
     cpu_util REAL, node_power_w REAL, power_source TEXT, fps_per_watt REAL,
@@ -134,7 +135,7 @@ def run_sweep(name: str, base: dict, axes: dict[str, list[str]], steps: int, db_
         s = train(cfg)
         power = s.get("node_power_w") or {}
         row = (p.key, name, json.dumps(p.values), json.dumps(cfg.to_dict()), actor_cores(cfg),
-               1, s["device"], s["fps_sustained"], s["sps_sustained"], s["episode_return_last100"],
+               cfg.learner.devices, s["device"], s["fps_sustained"], s["sps_sustained"], s["episode_return_last100"],
                s.get("policy_lag_mean"), s.get("cpu_util_mean"), power.get("value"), power.get("source"),
                (s.get("fps_per_watt") or {}).get("value"), s["verdict"], s["verdict_evidence"], stamp,
                s["run_dir"], started, s["ended"])

@@ -74,3 +74,4 @@ def test_episode_end_cuts_the_trace():
     # step 1 ends the episode: v_1 = r_1 and v_0 = r_0 + 0.9 r_1, nothing from after the end
     assert out.vs[1, 0].item() == 2.0
     assert abs(out.vs[0, 0].item() - (1.0 + 0.9 * 2.0)) < 1e-12
+
