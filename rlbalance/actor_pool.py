@@ -16,6 +16,9 @@ from .actor import ActorShared, actor_main
 from .config import Config
 
 
+START_TIMEOUT_S = 60.0  # a new actor process may take this long (imports, env creation) to step once
+
+
 class ActorFailure(RuntimeError):
     """Actors failed more often than actors.max_restarts allows."""
 
@@ -34,6 +37,7 @@ class ActorPool:
         self.events: list[dict] = []
         self._awaiting: dict[int, tuple[float, float]] = {}  # actor -> (restart time, last sign of life)
         self.server = None
+        self.started = [0.0] * cfg.actors.num_actors  # when each actor's current process was started
 
     def start_all(self) -> None:
         for i in range(len(self.procs)):
@@ -46,7 +50,8 @@ class ActorPool:
                 parent_end, child_end = self.ctx.Pipe(duplex=True)
                 conns.append(parent_end)
                 child_ends.append(child_end)
-        self.sh.heartbeat[i] = time.monotonic()
+        self.started[i] = time.monotonic()
+        self.sh.heartbeat[i] = self.started[i]
         p = self.ctx.Process(target=actor_main, name=f"rlbalance-actor-{i}", daemon=True,
                              args=(i, self.incarnation[i], self.cfg, self.sh, child_ends))
         p.start()
@@ -73,10 +78,12 @@ class ActorPool:
                 if beat > t_restart:  # the new process stepped: it is back
                     self.lost_seconds += beat - t_last
                     del self._awaiting[i]
-                elif p.is_alive() and now - t_restart < timeout:
+                elif p.is_alive() and now - t_restart < max(timeout, START_TIMEOUT_S):
                     continue
             dead = not p.is_alive()
-            hung = not dead and now - beat > timeout and i not in self._awaiting
+            # a process that has not stepped yet is starting (imports, envs), not hung: it gets longer
+            limit = timeout if beat > self.started[i] else max(timeout, START_TIMEOUT_S)
+            hung = not dead and now - beat > limit and i not in self._awaiting
             if not (dead or hung):
                 continue
             reason = f"exited with code {p.exitcode}" if dead else f"silent for {now - beat:.1f} s (hung)"

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .actor import UnrollWriter, client_seed
+from .actor_pool import START_TIMEOUT_S
 from .buffers import RolloutBuffers
 from .config import Config, ConfigError
 from .envs import EnvSpec
@@ -237,12 +238,14 @@ class RayActorSet:
         self.events: list[dict] = []
         self.down: dict[int, float] = {}  # actor -> its last good reply before it failed
         self.last_ok = [time.monotonic()] * len(self.handles)
+        self.replied = [False] * len(self.handles)  # since its (re)start: until then it is starting, not hung
         self.placement: dict[int, dict] = {}
 
     def failed(self, actor: int, reason: str) -> None:
         if actor in self.down:
             return
         self.down[actor] = self.last_ok[actor]
+        self.replied[actor] = False
         if self.restarts >= self.cfg.actors.max_restarts:
             from .actor_pool import ActorFailure
 
@@ -256,6 +259,7 @@ class RayActorSet:
         if actor in self.down:
             self.lost_seconds += now - self.down.pop(actor)
         self.last_ok[actor] = now
+        self.replied[actor] = True
 
     def pending_lost_seconds(self) -> float:
         now = time.monotonic()
@@ -321,6 +325,11 @@ class RayFeeder(threading.Thread):
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def raise_error(self) -> None:
+        """Surface an error of the feeder thread in the learner loop."""
+        if self.error is not None:
+            raise self.error
 
     def _send_reset(self, g: _Group) -> None:
         g.writer = None  # a buffer held stays held; the new unroll starts at its row 0
@@ -399,8 +408,9 @@ class RayFeeder(threading.Thread):
                     self._on_unroll(g, reply)
             self._serve(answered)
             now = time.monotonic()
-            for g in self.groups:  # a call outstanding too long: the actor hangs
-                if g.ref is not None and now - g.sent_at > self.timeout and g.actor not in self.actors.down:
+            for g in self.groups:  # a call outstanding too long: the actor hangs (a starting one gets longer)
+                limit = self.timeout if self.actors.replied[g.actor] else max(self.timeout, START_TIMEOUT_S)
+                if g.ref is not None and now - g.sent_at > limit and g.actor not in self.actors.down:
                     self.actors.kill(g.actor)
                     self._fail(g, f"silent for {now - g.sent_at:.1f} s (hung)")
 
@@ -478,6 +488,8 @@ class RayFeeder(threading.Thread):
 
 def run_ray(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> None:
     """The parallel runner with Ray actors: the learner loop of ``run_parallel`` over Ray-fed buffers."""
+    from .train import take_full
+
     ray, owned = connect(cfg)
     k, t = cfg.actors.envs_per_actor, cfg.learner.unroll_length
     n_buf = cfg.num_buffers
@@ -495,14 +507,7 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> N
     nb = cfg.buffers_per_batch
     try:
         while not session.done():
-            idx = []
-            with session.timer.stage("wait_data"):
-                while len(idx) < nb:
-                    try:
-                        idx.append(full_q.get(timeout=0.5))
-                    except queue.Empty:
-                        if feeder.error is not None:
-                            raise feeder.error
+            idx = take_full(session, full_q, nb, feeder.raise_error)
             batch = buffers.gather(idx)
             for i in idx:
                 free_q.put(i)
@@ -510,8 +515,7 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> N
             if not feeder.central:
                 with session.timer.stage("weight_publish"):
                     feeder.publish(learner.model, learner.updates)
-            if feeder.error is not None:
-                raise feeder.error
+            feeder.raise_error()
             _drain(stats_q, session, feeder, full_q, free_q)
             session.after_update(batch, stats)
     finally:

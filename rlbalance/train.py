@@ -95,14 +95,7 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
     last_check = time.perf_counter()
     try:
         while not session.done():
-            idx = []
-            with session.timer.stage("wait_data"):
-                while len(idx) < nb:
-                    try:
-                        idx.append(sh.full_q.get(timeout=0.5))
-                    except queue.Empty:
-                        _check_health(pool, server)
-                        last_check = time.perf_counter()
+            idx = take_full(session, sh.full_q, nb, lambda: _check_health(pool, server))
             batch = sh.buffers.gather(idx)
             for i in idx:
                 sh.free_q.put(i)
@@ -121,6 +114,18 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
         for q in (sh.free_q, sh.full_q, sh.stats_q):
             q.cancel_join_thread()
             q.close()
+
+
+def take_full(session: Session, full_q, nb: int, while_waiting) -> list[int]:
+    """The next ``nb`` full buffer indices; ``while_waiting()`` runs every half second without one."""
+    idx = []
+    with session.timer.stage("wait_data"):
+        while len(idx) < nb:
+            try:
+                idx.append(full_q.get(timeout=0.5))
+            except queue.Empty:
+                while_waiting()
+    return idx
 
 
 def _check_health(pool: ActorPool, server) -> None:

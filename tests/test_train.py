@@ -26,8 +26,10 @@ def test_run_directory_has_everything(cfg_factory):
     recs = _records(run.path)
     assert recs and recs[-1]["steps"] >= 15_000
     for key in ("fps", "sps", "episode_return", "loss/pg_loss", "loss/baseline_loss", "policy_lag",
-                "queue/full", "learner/share_wait_data"):
+                "queue/full"):
         assert key in recs[-1], key
+    # a stage's share is logged for the windows in which it ran (the last window may be too short)
+    assert any("learner/share_wait_data" in r for r in recs)
     assert list((run.path / "tb").glob("events.out.tfevents.*"))
     assert run.latest_checkpoint() is not None
     summary = json.load(open(run.path / "summary.json"))
