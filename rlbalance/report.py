@@ -48,6 +48,20 @@ def _plots(d: dict) -> list[tuple[str, str]]:
     fig.tight_layout()
     plots.append(("Throughput and return", _png(fig)))
 
+    node_keys = sorted({k for r in m for k in r if k.startswith("ray/node") and k.endswith("_cpu_util")})
+    if node_keys:  # Ray actors: each node's CPU utilisation, as its actors report it
+        fig, ax = plt.subplots(figsize=(7, 3.0))
+        for k in node_keys:
+            pts = [(r["steps"], r[k]) for r in m if k in r]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k.removeprefix("ray/").removesuffix("_cpu_util"))
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("node CPU utilisation")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=7)
+        ax.set_title("Ray nodes: CPU utilisation")
+        fig.tight_layout()
+        plots.append(("Ray nodes: CPU utilisation", _png(fig)))
+
     shares = d["telemetry"].get("stage_shares", {})
     if shares:
         fig, ax = plt.subplots(figsize=(7, 0.6 + 0.7 * len(shares)))
@@ -159,6 +173,12 @@ def write_report(run: str | Path) -> Path:
             ("mean return (last 100)", s.get("episode_return_last100")), ("CPU utilization (mean)", s.get("cpu_util_mean")),
             ("node power", s.get("node_power_w")), ("FPS per watt", s.get("fps_per_watt")),
             ("actor restarts", s.get("actor_restarts")), ("actor-seconds lost", s.get("actor_seconds_lost"))]
+    if s.get("actors_on") == "ray":
+        rows.append(("actors on", "Ray"))
+        for node, n in (s.get("nodes") or {}).items():
+            util = n.get("node_cpu_util_mean")
+            rows.append((f"Ray node {node}", f"actors {n['actors']}, actor CPU {n['actor_cpu_seconds']:.1f} s"
+                         + (f", node CPU {util:.0%} (mean)" if util is not None else "")))
     for ev in s.get("actor_faults", []):
         rows.append((f"actor {ev['actor']} fault at {ev['at']}", ev["reason"]))
     for key, val in tel.get("latency_ms", {}).items():

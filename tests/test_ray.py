@@ -57,6 +57,8 @@ def test_cartpole_learns_with_actors_on_two_nodes(cluster, cfg_factory):
     assert best >= 400, f"best mean return (last 100 episodes) {best:.1f} < 400"
     recs = _records(s["run_dir"])
     assert any(any(k.startswith("ray/node1_") for k in r) for r in recs), "per-node CPU figures for both nodes"
+    page = open(os.path.join(s["run_dir"], "report.html")).read()
+    assert "Ray nodes: CPU utilisation" in page and page.count("Ray node 127.0.0.1/") == 2
 
 
 def test_second_node_killed_mid_run_training_goes_on(cluster, cfg_factory):
