@@ -55,13 +55,14 @@ class MetricsLogger:
         self.last_t, self.last_steps = self.t0, start_steps
         self.warm_t: float | None = None
         self.first_t: float | None = None  # time of the first update
+        self.first_steps = start_steps  # steps counted at the first update
         self.warm_steps = start_steps
 
     def note_steps(self, steps: int) -> None:
         """Called after each update; warm-up counts from the first one (process start-up excluded)."""
         now = time.perf_counter()
         if self.first_t is None:
-            self.first_t = now
+            self.first_t, self.first_steps = now, steps
         if self.warm_t is None and now - self.first_t >= self.warmup_s:
             self.warm_t, self.warm_steps = now, steps
 
@@ -69,6 +70,8 @@ class MetricsLogger:
         """Steps per second since warm-up ended (since the start if warm-up never ended)."""
         now = time.perf_counter()
         t, s = (self.warm_t, self.warm_steps) if self.warm_t is not None else (self.t0, self.start_steps)
+        if steps <= s and self.first_t is not None:  # warm-up ended at the last update: since the first one
+            t, s = self.first_t, self.first_steps
         return (steps - s) / max(now - t, 1e-9)
 
     def log(self, steps: int, scalars: dict[str, float]) -> dict:

@@ -274,6 +274,8 @@ def validate(cal: dict, rows: list[dict]) -> dict:
     m = this_machine(cal)
     out = []
     for r in rows:
+        if not r["fps"] or r["fps"] <= 0:  # a point with no measured FPS (too short a run) says nothing
+            continue
         p = predict(cal, m, int(r["actor_cores"]))
         out.append({"key": r["key"], "point": r["point"], "measured_fps": r["fps"], "predicted_fps": p["fps"],
                     "error": abs(p["fps"] - r["fps"]) / r["fps"], "measured_verdict": r["verdict"],
