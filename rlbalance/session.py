@@ -66,6 +66,7 @@ class Session:
         self.batch_sizes: Counter = Counter()
         self.extra_scalars: dict[str, float] = {}
         self.verdicts: list[dict] = []
+        self._shown_fps, self._shown_steps = 0.0, learner.steps  # what the progress bar shows
         self.actor_pool = None  # set by the parallel runner: restarts and lost actor-seconds
         self.nodes = None  # set by the Ray runner: per-node CPU figures reported by the actors
         self.extra_info: dict[str, object] = {}  # runner facts for telemetry.json and the summary
@@ -155,7 +156,9 @@ class Session:
         self.verdicts.append({"steps": steps, "verdict": v["verdict"]})
         self.policy_lag.clear()
         rec = self.logger.log(steps, scalars)
-        self.progress.update(steps, rec["fps"], scalars["episode_return"])
+        if steps > self._shown_steps:  # a record with no new steps (the final one) keeps the FPS shown
+            self._shown_fps, self._shown_steps = rec["fps"], steps
+        self.progress.update(steps, self._shown_fps, scalars["episode_return"])
         self.last_log = now
         return rec
 
