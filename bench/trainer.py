@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from rlbalance import config as C
-from rlbalance.actor import actor_cpus, client_seed, init_process
+from rlbalance.actor import actor_cpus, actor_env_groups, client_seed, init_process
 from rlbalance.buffers import RolloutBuffers
 from rlbalance.envs import EnvBatch, probe_spec
 from rlbalance.learner import Learner
@@ -44,7 +44,7 @@ def workload_config(name: str, extra: dict | None = None) -> C.Config:
 def _env_worker(cfg: C.Config, actor_id: int, seconds: float, warmup: float, out_q) -> None:
     g = cfg.actors.env_groups
     init_process(1, actor_cpus(cfg, actor_id), client_seed(cfg, actor_id * g))
-    groups = [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, actor_id * g + i)) for i in range(g)]
+    groups = actor_env_groups(cfg, actor_id)
     rng = np.random.default_rng(actor_id)
     for envs in groups:
         envs.reset()

@@ -176,6 +176,14 @@ def client_seed(cfg: Config, client_id: int) -> int:
     return cfg.run.seed * 1_000_003 + client_id * cfg.actors.envs_per_actor
 
 
+def actor_env_groups(cfg: Config, actor_id: int, life: int = 0) -> list[EnvBatch]:
+    """The env groups of actor ``actor_id`` in its ``life``-th process (0: the first), each seeded apart;
+    a fault injected for tests (env.synthetic_fault) is armed in actor 0's first life only."""
+    g = cfg.actors.env_groups
+    return [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, actor_id * g + i) + 7919 * life,
+                     fault_armed=(actor_id == 0 and i == 0 and life == 0)) for i in range(g)]
+
+
 def actor_cpus(cfg: Config, actor_id: int) -> tuple[int, ...] | None:
     aff = cfg.actors.cpu_affinity
     return (aff[actor_id % len(aff)],) if aff else None
@@ -209,8 +217,7 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
     heartbeat = sh.heartbeat.numpy()
     owner = sh.owner.numpy()
     heartbeat[actor_id] = time.monotonic()
-    envs = [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, c) + 7919 * incarnation,
-                     fault_armed=(actor_id == 0 and i == 0 and incarnation == 0)) for i, c in enumerate(clients)]
+    envs = actor_env_groups(cfg, actor_id, incarnation)
     if cfg.inference.mode == "central":
         policies = [CentralClient(c, sh.slots, conn) for c, conn in zip(clients, conns)]
     else:

@@ -97,9 +97,8 @@ class EnvWorker:
         import psutil
         import ray
 
-        from .actor import init_process
+        from .actor import actor_env_groups, init_process
         from .config import from_dict
-        from .envs import EnvBatch
 
         cfg = from_dict(cfg_dict)
         self.cfg, self.actor_id = cfg, actor_id
@@ -114,9 +113,7 @@ class EnvWorker:
             init_process(1, None, client_seed(cfg, clients[0]) + 7919 * life)
         except ValueError:  # signals are only set from a main thread
             torch.set_num_threads(1)
-        self.envs = [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, c) + 7919 * life,
-                              fault_armed=(actor_id == 0 and i == 0 and not self.restarted))
-                     for i, c in enumerate(clients)]
+        self.envs = actor_env_groups(cfg, actor_id, life)
         self.timer = StageTimer(cfg.telemetry.stage_timers)
         self.node = {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
                      "host": socket.gethostname(), "pid": os.getpid()}
