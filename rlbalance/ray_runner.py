@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -172,7 +172,7 @@ class EnvWorker:
                 torch.nn.utils.vector_to_parameters(torch.as_tensor(weights), model.parameters())
             state["version"] = version
         rollouts[group].fill(bufs.view(0))
-        out = ({name: getattr(bufs, name)[0].numpy() for name in _UNROLL_FIELDS}, self._report())
+        out = ({f.name: getattr(bufs, f.name)[0].numpy() for f in fields(bufs)}, self._report())
         self._t_out = time.perf_counter()
         return out
 
@@ -193,9 +193,6 @@ class EnvWorker:
         self._cpu0 = cpu
         return out
 
-
-_UNROLL_FIELDS = ("obs", "action", "logits", "reward", "done", "truncated", "final_obs", "ep_end", "ep_return",
-                  "ep_length", "version")
 
 
 def worker_class(ray, cfg: Config):
@@ -295,7 +292,6 @@ class RayFeeder(threading.Thread):
         self.timer = StageTimer(cfg.telemetry.stage_timers)  # the inference role (central mode)
         self.batch_sizes: list[int] = []
         self.error: BaseException | None = None
-        self.gpu_busy_s = 0.0
         device = learner.device
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(cfg.run.seed)
@@ -365,11 +361,9 @@ class RayFeeder(threading.Thread):
     def _loop(self) -> None:
         ray = self.ray
         errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
-        for g in self.groups:
-            if self.central:
+        if self.central:  # actor mode: unroll calls go out below, once a group has a free buffer
+            for g in self.groups:
                 self._send_reset(g)
-            else:
-                g.retry_at = 0.0  # unroll calls go out below, once a buffer is free
         while not self.stop_event.is_set():
             now = time.monotonic()
             # groups waiting to be asked again (restarting actor) or for a free buffer
