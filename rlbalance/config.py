@@ -233,7 +233,8 @@ class RunConfig:
     out_dir: str = _f("runs", "Parent folder of run directories.")
     name: str = _f("", "Run directory name (empty: env id and a timestamp).")
     checkpoint_interval_s: float = _f(60.0, "Seconds between checkpoints (a final one is always written).")
-    max_seconds: float = _f(0.0, "Stop after this many seconds of training (0: no limit).")
+    max_seconds: float = _f(0.0, "Stop after this many seconds of training, counted from the first "
+                                 "update, so process start-up is not part of it (0: no limit).")
 
     def __post_init__(self) -> None:
         _require(self.total_steps >= 1, "run.total_steps", self.total_steps, "must be >= 1")

@@ -67,11 +67,15 @@ class MetricsLogger:
             self.warm_t, self.warm_steps = now, steps
 
     def sustained_sps(self, steps: int) -> float:
-        """Steps per second since warm-up ended (since the start if warm-up never ended)."""
+        """Steps per second since warm-up ended; since the first update where warm-up never ended or ended at
+        the last update. Process start-up (imports, env creation) is never steady state, so it is not counted."""
         now = time.perf_counter()
-        t, s = (self.warm_t, self.warm_steps) if self.warm_t is not None else (self.t0, self.start_steps)
-        if steps <= s and self.first_t is not None:  # warm-up ended at the last update: since the first one
+        if self.warm_t is not None and steps > self.warm_steps:
+            t, s = self.warm_t, self.warm_steps
+        elif self.first_t is not None:
             t, s = self.first_t, self.first_steps
+        else:
+            return 0.0
         return (steps - s) / max(now - t, 1e-9)
 
     def log(self, steps: int, scalars: dict[str, float]) -> dict:

@@ -85,7 +85,9 @@ class Session:
     def done(self) -> bool:
         if self.learner.steps >= self.cfg.run.total_steps:
             return True
-        return bool(self.cfg.run.max_seconds) and time.perf_counter() - self.t_start >= self.cfg.run.max_seconds
+        first = self.logger.first_t  # run.max_seconds counts training time, from the first update
+        return bool(self.cfg.run.max_seconds) and first is not None and \
+            time.perf_counter() - first >= self.cfg.run.max_seconds
 
     def role_snapshot(self, role: str, snap: dict) -> None:
         """Stage times reported by a role (actors, inference server) since its last report."""

@@ -7,13 +7,14 @@ import subprocess
 import sys
 import time
 
+from bench.trainer import learner_ceiling
 from rlbalance import config as C
 from rlbalance.cli import main
 from rlbalance.ratio import analyse, write_outputs
 from rlbalance.sweep import expand, load_rows, parse_axes, run_sweep
 
 # Envs whose work runs elsewhere (sleep mode: each actor emulates one core) and a learner heavy enough
-# to saturate after a few actors: the sweep must show FPS rising, then flat, with the verdict flipping.
+# to saturate after a few actors (the env's cost per step is set from the learner's speed below): the sweep must show FPS rising, then flat, with the verdict flipping.
 BASE = {"env": {"id": "synthetic", "synthetic_cost": "sleep", "synthetic_step_us": 1000.0,
                 "synthetic_obs_shape": [16]},
         "learner": {"hidden_sizes": [1024, 1024], "batch_size": 32},
@@ -35,9 +36,12 @@ def test_bad_axis_named_before_anything_runs(tmp_path, capsys):
 
 
 def test_sweep_shape_knee_where_verdict_flips(tmp_path):
-    # ~1k SPS per actor against a learner good for ~3-4 actors: 1 and 2 are actor-bound, 8 is learner-bound
+    # Each actor is given a fifth of this machine's learner ceiling (measured first, so a slower machine gets
+    # slower envs and the same shape): 1 and 2 actors are actor-bound, 8 are learner-bound.
+    ceiling = learner_ceiling(C.build(BASE), seconds=3.0)["sps"]
+    env = {"env": {"synthetic_step_us": round(5e6 / ceiling, 1)}}
     axes = parse_axes(["actors.num_actors=1,2,8"])
-    rows = run_sweep("shape", C.merge(BASE, {"run": {"max_seconds": 13.0}}), axes, steps=10**9,
+    rows = run_sweep("shape", C.merge(BASE, env, {"run": {"max_seconds": 10.0}}), axes, steps=10**9,
                      db_path=tmp_path / "s.db", out_dir=str(tmp_path / "runs"))
     a = analyse(rows)
     curve = a["curve"]

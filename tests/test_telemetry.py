@@ -1,6 +1,7 @@
 """Telemetry: verdict scenarios on real runs, power figures marked measured/modeled, readers faked."""
 
 import json
+import time
 
 import pytest
 
@@ -112,3 +113,18 @@ def test_decide_rules_on_synthetic_shares():
     xfer = decide({"learner": {"wait_data": 0.7}, "actor": {"wait_action": 0.8},
                    "inference": {"batch_wait": 0.1, "forward": 0.2, "h2d": 0.4, "d2h": 0.2}}, central=True)
     assert xfer["verdict"] == "transfer-bound"
+
+
+def test_sustained_rate_leaves_out_process_start_up(tmp_path):
+    # actors take a while to start; the sustained rate counts from the first update, not logger creation
+    from rlbalance.metrics import MetricsLogger
+
+    log = MetricsLogger(tmp_path, tensorboard=False, frames_per_step=1, warmup_s=60.0)
+    assert log.sustained_sps(0) == 0.0  # nothing trained yet
+    time.sleep(1.0)  # start-up
+    log.note_steps(1000)  # first update
+    time.sleep(0.2)
+    log.note_steps(2000)
+    sps = log.sustained_sps(2000)
+    assert 2000 < sps < 5001, sps  # 1000 steps over ~0.2 s; with start-up counted it would be ~1,700
+    log.close()
