@@ -12,7 +12,7 @@ from pathlib import Path
 
 def _load(run: Path) -> dict:
     d = {"metrics": [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]}
-    for name in ("summary", "telemetry", "config", "meta", "profile"):
+    for name in ("summary", "telemetry", "config", "meta", "profile", "eval"):
         p = run / f"{name}.json"
         d[name] = json.loads(p.read_text()) if p.is_file() else {}
     return d
@@ -179,6 +179,11 @@ def write_report(run: str | Path) -> Path:
             util = n.get("node_cpu_util_mean")
             rows.append((f"Ray node {node}", f"actors {n['actors']}, actor CPU {n['actor_cpu_seconds']:.1f} s"
                          + (f", node CPU {util:.0%} (mean)" if util is not None else "")))
+    e = d["eval"]
+    if e:
+        rows.append((f"evaluation ({e['policy']} policy, checkpoint at {e['checkpoint_steps']:,} steps)",
+                     f"return {e['return_mean']:.1f} +- {e['return_std']:.1f} over {e['episodes']} games "
+                     f"(min {e['return_min']:.1f}, max {e['return_max']:.1f}): rlbalance eval"))
     for ev in s.get("actor_faults", []):
         rows.append((f"actor {ev['actor']} fault at {ev['at']}", ev["reason"]))
     for key, val in tel.get("latency_ms", {}).items():

@@ -136,7 +136,7 @@ class RunDir:
     def read_config(self) -> Config:
         p = self.path / "config.json"
         if not p.is_file():
-            raise ConfigError(f"--resume {self.path}: no config.json there; is it an rlbalance run directory?")
+            raise ConfigError(f"run directory {self.path}: no config.json there; is it an rlbalance run directory?")
         return from_dict(json.loads(p.read_text()))
 
     # checkpoints ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from ..config import ConfigError
 SUBCOMMANDS = {
     "train": "Train an agent (SEED-style central inference or IMPALA-style actor inference).",
     "profile": "Train briefly, then a torch.profiler kernel view of inference and training.",
+    "eval": "Play whole games with a run's checkpoint (no learning) and report the returns.",
     "report": "Write a run's HTML report (plots, stage breakdown, verdict) and CSV files.",
     "sweep": "Run a design-space sweep of training runs into an SQLite database (resumable).",
     "ratio": "CPU/GPU ratio analysis of a sweep: knee, efficiency optimum, Pareto front.",

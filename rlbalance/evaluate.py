@@ -1,0 +1,110 @@
+"""Evaluate a trained policy: play whole games with a run's checkpoint, no learning, and report the returns.
+
+Each of the K envs plays the same number of games (episodes / K, rounded up), so short games are not
+over-counted the way "the first N games to finish" would. Returns are whole-game returns, unclipped
+(with episodic life, all lives of a game). Actions are sampled from the policy, as in training, or the
+most likely action with ``greedy``. Envs are seeded apart from the training seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .actor import client_seed
+from .config import ConfigError, EnvConfig
+from .envs import EnvBatch, probe_spec
+from .model import build_model, resolve_device
+from .rundir import RunDir, atomic_write_json
+
+# Eval envs are seeded away from the run's training envs, which take client_seed(cfg, c) + 0..K-1 (+ 7919 per restart).
+EVAL_SEED_OFFSET = 500_009
+
+
+def _games_per_env(episodes: int, num_envs: int) -> int:
+    return math.ceil(episodes / num_envs)
+
+
+def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy: bool = False,
+             checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
+             max_steps: int = 10_000_000, progress: bool = True) -> dict:
+    """Play ``episodes`` games (at least) with the run's latest (or the given) checkpoint; writes eval.json."""
+    if episodes < 1:
+        raise ConfigError(f"--episodes {episodes}: must be >= 1")
+    if num_envs < 1:
+        raise ConfigError(f"--envs {num_envs}: must be >= 1")
+    run = RunDir(Path(run_dir))
+    cfg = run.read_config()
+    ckpt_path = Path(checkpoint) if checkpoint else run.latest_checkpoint()
+    if ckpt_path is None:
+        raise ConfigError(f"run_dir {run.path}: no checkpoint in {run.ckpt_dir}; train first, or pass --checkpoint")
+    state = run.load_checkpoint(ckpt_path)
+    env_cfg: EnvConfig = cfg.env
+    spec = probe_spec(env_cfg)
+    dev = resolve_device(device)
+    model = build_model(cfg.learner, spec).to(dev)
+    model.load_state_dict(state["model"])
+    model.eval()
+    seed = client_seed(cfg, 0) + EVAL_SEED_OFFSET if seed is None else seed
+    per_env = _games_per_env(episodes, num_envs)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    envs = EnvBatch(env_cfg, num_envs, seed)
+    returns: list[list[float]] = [[] for _ in range(num_envs)]
+    lengths: list[list[int]] = [[] for _ in range(num_envs)]
+    bar = _bar(per_env * num_envs, progress)
+    obs = envs.reset()
+    steps, t0 = 0, time.perf_counter()
+    try:
+        while any(len(r) < per_env for r in returns):
+            if steps >= max_steps:
+                raise ConfigError(f"--max-steps {max_steps}: only {sum(map(len, returns))} of {per_env * num_envs} "
+                                  "games finished; raise --max-steps or lower --episodes")
+            with torch.inference_mode():
+                x = torch.from_numpy(obs).to(dev)
+                if greedy:
+                    logits, _ = model(x)
+                    actions = logits.argmax(dim=-1)
+                else:
+                    actions, _ = model.act(x, gen)
+            r = envs.step(actions.cpu().numpy())
+            obs = r.obs
+            steps += num_envs
+            for i in np.flatnonzero(r.game_over):
+                if len(returns[i]) < per_env:
+                    returns[i].append(float(r.ep_return[i]))
+                    lengths[i].append(int(r.ep_length[i]))
+                    if bar is not None:
+                        bar[0].advance(bar[1])
+    finally:
+        envs.close()
+        if bar is not None:
+            bar[0].stop()
+    flat = [x for r in returns for x in r]
+    flat_len = [x for n in lengths for x in n]
+    result = {
+        "env": env_cfg.id, "checkpoint": str(ckpt_path), "checkpoint_steps": int(state["steps"]),
+        "checkpoint_updates": int(state["updates"]), "policy": "greedy" if greedy else "sampled",
+        "episodes": len(flat), "games_per_env": per_env, "num_envs": num_envs, "seed": seed,
+        "return_mean": float(np.mean(flat)), "return_std": float(np.std(flat)),
+        "return_min": float(np.min(flat)), "return_max": float(np.max(flat)),
+        "length_mean": float(np.mean(flat_len)), "returns": flat, "lengths": flat_len,
+        "env_steps": steps, "frames": steps * spec.frames_per_step, "wall_s": time.perf_counter() - t0,
+        "device": str(dev),
+    }
+    atomic_write_json(run.path / "eval.json", result)
+    return result
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]eval games"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    task = bar.add_task("eval", total=total)
+    bar.start()
+    return bar, task
