@@ -76,24 +76,29 @@ def _plots(a: dict, out: Path) -> list[Path]:
     axes[0].axvline(a["throughput_optimal_R"], ls="--", color="tab:green", label="throughput-optimal R")
     if a["efficiency_optimal_R"] is not None:
         axes[1].axvline(a["efficiency_optimal_R"], ls="--", color="tab:green", label="efficiency-optimal R")
+        axes[1].legend(fontsize=7)
     for v, col in colors.items():
         axes[0].scatter([], [], color=col, label=v)
     axes[0].legend(fontsize=7)
-    axes[1].legend(fontsize=7)
     fig.tight_layout()
     paths.append(out / "ratio.png")
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(5, 3.8))
-    by_actors = sorted((json.loads(p["config"])["actors"]["num_actors"], p["fps"], p["verdict"]) for p in a["points"])
-    xs = [x for x, _, _ in by_actors]
-    ax.plot(xs, [f for _, f, _ in by_actors], "-", color="0.6")
-    for x, fps, verdict in by_actors:
-        ax.scatter(x, fps, color=colors.get(verdict, "k"), s=50, zorder=3)
-    ax.set_xlabel("actor processes")
-    ax.set_ylabel("FPS")
-    ax.grid(alpha=0.3)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    by_actors = sorted((json.loads(p["config"])["actors"]["num_actors"], p["fps"], p.get("fps_per_watt"), p["verdict"])
+                       for p in a["points"])
+    for ax, col, label in ((axes[0], 1, "FPS"), (axes[1], 2, f"FPS per watt of the node ({a['power_source']})")):
+        pts = [(row[0], row[col], row[3]) for row in by_actors if row[col] is not None]
+        ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], "-", color="0.6")
+        for x, y, verdict in pts:
+            ax.scatter(x, y, color=colors.get(verdict, "k"), s=50, zorder=3)
+        ax.set_xlabel("actor processes")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    for v, col in colors.items():
+        axes[0].scatter([], [], color=col, label=v)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     paths.append(out / "fps_vs_actors.png")
     fig.savefig(paths[-1], dpi=100)

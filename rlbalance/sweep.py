@@ -148,6 +148,15 @@ def run_sweep(name: str, base: dict, axes: dict[str, list[str]], steps: int, db_
     return rows
 
 
+def sweep_names(db_path: str | Path) -> list[str]:
+    if not Path(db_path).is_file():
+        raise C.ConfigError(f"sweep database {db_path} not found; run `rlbalance sweep --db {db_path} ...` first")
+    db = sqlite3.connect(str(db_path))
+    names = [r[0] for r in db.execute("SELECT DISTINCT sweep FROM points ORDER BY sweep")]
+    db.close()
+    return names
+
+
 def load_rows(db_path: str | Path, sweep: str | None = None) -> list[dict]:
     if not Path(db_path).is_file():
         raise C.ConfigError(f"sweep database {db_path} not found; run `rlbalance sweep --db {db_path} ...` first")

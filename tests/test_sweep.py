@@ -1,5 +1,6 @@
 """Sweeps and the CPU/GPU ratio: the paper's shape on a controlled workload, and resumability."""
 
+import json
 import os
 import signal
 import sqlite3
@@ -91,3 +92,24 @@ def test_killed_sweep_resumes_without_losing_or_repeating_points(tmp_path):
     for r in first:  # points finished before the kill were kept, not run again
         again = next(x for x in rows if x["key"] == r["key"])
         assert again["ended"] == r["ended"] and again["run_dir"] == r["run_dir"]
+
+
+def test_ratio_refuses_to_mix_sweeps(tmp_path, capsys):
+    from rlbalance.sweep import open_db
+
+    db_path = tmp_path / "two.db"
+    db = open_db(db_path)
+    for sweep, actors, fps in (("cartpole", 1, 100.0), ("cartpole", 2, 180.0), ("pong", 1, 9.0)):
+        cfg = json.dumps({"actors": {"num_actors": actors}})
+        db.execute("INSERT INTO points (key, sweep, point, config, actor_cores, accelerators, device, fps, verdict, "
+                   "started) VALUES (?, ?, ?, ?, ?, 1, 'cpu', ?, 'actor-bound', ?)",
+                   (f"{sweep}{actors}", sweep, json.dumps({"actors.num_actors": actors}), cfg, actors, fps,
+                    f"2026-12-03T10:0{actors}"))
+    db.commit()
+    db.close()
+    assert main(["ratio", "--db", str(db_path), "--out", str(tmp_path / "r")]) == 2
+    assert "--name" in capsys.readouterr().err and not (tmp_path / "r").exists()  # nothing written
+    assert main(["ratio", "--db", str(db_path), "--name", "chess", "--out", str(tmp_path / "r")]) == 2
+    assert "cartpole, pong" in capsys.readouterr().err
+    assert main(["ratio", "--db", str(db_path), "--name", "cartpole", "--out", str(tmp_path / "r")]) == 0
+    assert json.loads((tmp_path / "r" / "ratio.json").read_text())["throughput_optimal_R"] == 2

@@ -8,14 +8,21 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default="sweep.db", help="SQLite database written by rlbalance sweep")
-    p.add_argument("--name", default=None, help="only this sweep's rows (default: all)")
+    p.add_argument("--name", default=None, help="the sweep to analyse (needed where the database holds several)")
     p.add_argument("--out", default="ratio", help="output folder (ratio.html, ratio.csv, ratio.json, plots)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..config import ConfigError
     from ..ratio import analyse, write_outputs
-    from ..sweep import load_rows
+    from ..sweep import load_rows, sweep_names
 
+    names = sweep_names(args.db)
+    if args.name is None and len(names) > 1:  # points of different sweeps (workloads) are not one curve
+        raise ConfigError(f"--name: {args.db} holds {len(names)} sweeps ({', '.join(names)}); "
+                          f"analyse one at a time, e.g. --name {names[0]}")
+    if args.name is not None and args.name not in names:
+        raise ConfigError(f"--name {args.name!r}: no such sweep in {args.db}; it holds: {', '.join(names) or 'none'}")
     a = analyse(load_rows(args.db, args.name))
     page = write_outputs(a, args.out)
     for p in a["curve"]:
