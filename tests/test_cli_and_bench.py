@@ -57,3 +57,15 @@ def test_sweep_bench_tiny(tmp_path):
     assert r["cartpole"]["throughput_optimal_R"] in (1, 2)
     assert (tmp_path / "sweep" / "cartpole" / "ratio.html").exists()
     assert (tmp_path / "sweep" / "sweep.db").exists()
+
+
+def test_seeds_bench_tiny(tmp_path, capsys):
+    assert main(["bench", "seeds", "--seeds", "2", "--steps", "4000", "--out", str(tmp_path)]) == 0
+    doc = json.load(open(tmp_path / "seeds.json"))
+    assert [(r["mode"], r["seed"]) for r in doc["runs"]] == [("central", 0), ("central", 1)]
+    assert all(r["curve"] and r["best"] >= r["final"] > 0 for r in doc["runs"])
+    assert doc["summary"]["central"]["seeds"] == 2
+    assert "| central | 2 |" in (tmp_path / "seeds.md").read_text()
+    assert (tmp_path / "seeds.png").stat().st_size > 1000
+    assert main(["bench", "seeds", "--modes", "remote", "--out", str(tmp_path / "bad")]) == 2
+    assert "--modes" in capsys.readouterr().err and not (tmp_path / "bad").exists()

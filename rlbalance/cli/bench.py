@@ -8,6 +8,7 @@
   rlbalance bench soak --minutes 30            # memory flat and FPS steady over a long run
   rlbalance bench planner                      # calibrate, sweep, and the model's error on held-out points
   rlbalance bench ray                          # Ray actors against shared-memory actors, overhead per step
+  rlbalance bench seeds --seeds 8              # CartPole learning over seeds with the default config
 """
 
 from __future__ import annotations
@@ -19,20 +20,22 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=["trainer", "pong-curve", "telemetry-overhead", "sweep", "soak",
-                                         "planner", "ray"],
+                                         "planner", "ray", "seeds"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
                    "(cartpole, pong, synthetic)")
     p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..2x usable CPUs)")
     p.add_argument("--steps", type=int, default=0, help="trainer: env steps per end-to-end run "
-                   "(default 500k CartPole, 25k Pong)")
+                   "(default 500k CartPole, 25k Pong); seeds: env steps per run (default 500k)")
     p.add_argument("--seconds", type=float, default=5.0, help="trainer: seconds per ceiling measurement")
     p.add_argument("--frames", type=int, default=2_000_000, help="pong-curve: frames to train")
     p.add_argument("--num-actors", type=int, default=1, help="pong-curve: actor processes (1 was fastest on "
                    "our 2-core machine: see bench/results/trainer.md)")
     p.add_argument("--repeats", type=int, default=4, help="telemetry-overhead: runs each way")
     p.add_argument("--minutes", type=float, default=30.0, help="soak: length of the run")
+    p.add_argument("--seeds", type=int, default=8, help="seeds: runs per mode (seeds 0..N-1)")
+    p.add_argument("--modes", default="central", help="seeds: comma-separated inference modes (central, actor)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +68,18 @@ def run(args: argparse.Namespace) -> int:
 
         print(run_bench_sweep(out, [int(x) for x in args.actors.split(",") if x] or [1, 2, 3, 4],
                               args.steps or 0, args.workloads))
+        return 0
+    if args.name == "seeds":
+        from bench.seeds import run_seeds
+
+        modes = [m for m in args.modes.split(",") if m]
+        bad = [m for m in modes if m not in ("central", "actor")]
+        if bad or not modes or args.seeds < 1:
+            from rlbalance.config import ConfigError
+
+            raise ConfigError(f"--modes {args.modes!r} / --seeds {args.seeds}: modes are central and/or actor, "
+                              "seeds at least 1")
+        print(run_seeds(out, args.seeds, args.steps or 500_000, modes))
         return 0
     if args.name == "pong-curve":
         from bench.pong_curve import run_curve

@@ -1,0 +1,103 @@
+"""Learning reliability over seeds: the default CartPole config trained with N seeds (parallel actors,
+central and/or actor-side inference), each run's curve of the mean return over the last 100 episodes.
+
+Per run: best and final mean return, the env steps at which the mean first reached 400 and 475, sustained
+SPS. Per mode: how many seeds reached 400 and 475, the median final return. Writes seeds.json, seeds.md,
+seeds.csv (every curve) and seeds.png."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from rlbalance import config as C
+
+THRESHOLDS = (400, 475)
+
+
+def _curve(run_dir: str) -> list[tuple[int, float]]:
+    recs = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [(r["steps"], r["episode_return"]) for r in recs if r.get("episode_return") is not None]
+
+
+def _first_reach(curve: list[tuple[int, float]], level: float) -> int | None:
+    return next((s for s, r in curve if r >= level), None)
+
+
+def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=print) -> dict:
+    from rlbalance.train import train
+
+    runs = []
+    for mode in modes:
+        for seed in range(seeds):
+            cfg = C.build({"inference": {"mode": mode}, "run": {
+                "seed": seed, "total_steps": steps, "out_dir": str(out / "runs"),
+                "name": f"seeds-{mode}-{seed}-{time.time_ns()}"},
+                "telemetry": {"progress": False, "report": False, "tensorboard": False, "log_interval_s": 1.0}})
+            s = train(cfg)
+            curve = _curve(s["run_dir"])
+            run = {"mode": mode, "seed": seed, "best": max((r for _, r in curve), default=None),
+                   "final": curve[-1][1] if curve else None, "sps": s["sps_sustained"],
+                   **{f"steps_to_{lv}": _first_reach(curve, lv) for lv in THRESHOLDS}, "curve": curve}
+            runs.append(run)
+            progress(f"[seeds {mode}] seed {seed}: best {run['best']:.0f}, final {run['final']:.0f}, "
+                     f"{run['sps']:,.0f} SPS")
+    summary = {}
+    for mode in modes:
+        rs = [r for r in runs if r["mode"] == mode]
+        summary[mode] = {"seeds": len(rs), "median_final": statistics.median(r["final"] for r in rs),
+                         "median_best": statistics.median(r["best"] for r in rs),
+                         **{f"reached_{lv}": sum(r[f"steps_to_{lv}"] is not None for r in rs) for lv in THRESHOLDS}}
+    result = {"env": "CartPole-v1", "steps_per_run": steps, "config": "defaults (rlbalance train --help)",
+              "summary": summary, "runs": runs}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "seeds.json").write_text(json.dumps(result, indent=2))
+    (out / "seeds.csv").write_text("mode,seed,steps,mean_return_last100\n" + "".join(
+        f"{r['mode']},{r['seed']},{s},{v}\n" for r in runs for s, v in r["curve"]))
+    _write_md(out / "seeds.md", result)
+    _plot(out / "seeds.png", runs, modes, steps)
+    return summary
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _write_md(path: Path, result: dict) -> None:
+    lines = ["# CartPole learning over seeds", "",
+             f"The default config, {result['steps_per_run']:,} env steps per run, one run per seed and mode, "
+             "parallel actors (this machine). Return = mean over the last 100 episodes.", "",
+             "| mode | seeds | reached 400 | reached 475 | median best | median final |", "|---|---|---|---|---|---|"]
+    for mode, s in result["summary"].items():
+        lines.append(f"| {mode} | {s['seeds']} | {s['reached_400']} | {s['reached_475']} | {s['median_best']:.0f} | "
+                     f"{s['median_final']:.0f} |")
+    lines += ["", "| mode | seed | best | final | steps to 400 | steps to 475 | SPS |", "|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        lines.append(f"| {r['mode']} | {r['seed']} | {_fmt(r['best'])} | {_fmt(r['final'])} | "
+                     f"{_fmt(r['steps_to_400'])} | {_fmt(r['steps_to_475'])} | {_fmt(r['sps'])} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _plot(path: Path, runs: list[dict], modes: list[str], steps: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 3.6), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for r in (r for r in runs if r["mode"] == mode):
+            ax.plot([s for s, _ in r["curve"]], [v for _, v in r["curve"]], lw=1, label=f"seed {r['seed']}")
+        for lv in THRESHOLDS:
+            ax.axhline(lv, ls=":", color="0.5")
+        ax.set_xlim(0, steps)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("mean return (last 100 episodes)")
+        ax.set_title(f"CartPole-v1, {mode} inference")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
