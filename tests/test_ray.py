@@ -129,3 +129,21 @@ def test_ray_config_errors_name_the_field():
         C.build({"ray": {"address": "nonsense"}})
     with pytest.raises(C.ConfigError, match="ray.cpus_per_actor"):
         C.build({"ray": {"cpus_per_actor": 0}})
+
+
+def test_sweep_and_ratio_with_ray_actors(tmp_path):
+    # A Ray point's actor cores are the CPUs its actors reserve: 2 actors x 0.5 and x 1 CPU -> R = 1 and 2
+    from rlbalance.ratio import analyse
+    from rlbalance.sweep import parse_axes, run_sweep
+
+    base = {"env": {"id": "synthetic", "synthetic_step_us": 20.0}, "ray": {"address": "local", "num_cpus": 2},
+            "actors": {"num_actors": 2}, "telemetry": {"warmup_s": 0.5, "log_interval_s": 0.5}}
+    rows = run_sweep("ray", base, parse_axes(["ray.cpus_per_actor=0.5,1"]), steps=30_000, db_path=tmp_path / "r.db",
+                     out_dir=str(tmp_path / "runs"))
+    assert sorted(r["actor_cores"] for r in rows) == [1, 2]
+    assert all(r["fps"] > 0 and r["verdict"] for r in rows), rows
+    for r in rows:
+        s = json.load(open(os.path.join(r["run_dir"], "summary.json")))
+        assert s["actors_on"] == "ray" and sorted(i for n in s["nodes"].values() for i in n["actors"]) == [0, 1]
+    a = analyse(rows)
+    assert [p["R"] for p in a["curve"]] == [1, 2] and a["throughput_optimal_R"] in (1, 2)
