@@ -32,11 +32,14 @@ def _games_per_env(episodes: int, num_envs: int) -> int:
 def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy: bool = False,
              checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
              max_steps: int = 10_000_000, progress: bool = True) -> dict:
-    """Play ``episodes`` games (at least) with the run's latest (or the given) checkpoint; writes eval.json."""
+    """Play ``episodes`` games (at least) with the run's latest (or the given) checkpoint; writes eval.json.
+    Stops early after ``max_steps`` env steps, keeping the games finished by then (``complete`` False)."""
     if episodes < 1:
         raise ConfigError(f"--episodes {episodes}: must be >= 1")
     if num_envs < 1:
         raise ConfigError(f"--envs {num_envs}: must be >= 1")
+    if max_steps < 1:
+        raise ConfigError(f"--max-steps {max_steps}: must be >= 1")
     run = RunDir(Path(run_dir))
     cfg = run.read_config()
     ckpt_path = Path(checkpoint) if checkpoint else run.latest_checkpoint()
@@ -59,10 +62,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     obs = envs.reset()
     steps, t0 = 0, time.perf_counter()
     try:
-        while any(len(r) < per_env for r in returns):
-            if steps >= max_steps:
-                raise ConfigError(f"--max-steps {max_steps}: only {sum(map(len, returns))} of {per_env * num_envs} "
-                                  "games finished; raise --max-steps or lower --episodes")
+        while any(len(r) < per_env for r in returns) and steps < max_steps:
             with torch.inference_mode():
                 x = torch.from_numpy(obs).to(dev)
                 if greedy:
@@ -85,13 +85,19 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
             bar[0].stop()
     flat = [x for r in returns for x in r]
     flat_len = [x for n in lengths for x in n]
+
+    def stat(fn, xs):
+        return float(fn(xs)) if xs else None
+
     result = {
         "env": env_cfg.id, "checkpoint": str(ckpt_path), "checkpoint_steps": int(state["steps"]),
         "checkpoint_updates": int(state["updates"]), "policy": "greedy" if greedy else "sampled",
+        # complete: every env played its games; False where --max-steps ran out first (the games played are kept)
+        "complete": len(flat) == per_env * num_envs,
         "episodes": len(flat), "games_per_env": per_env, "num_envs": num_envs, "seed": seed,
-        "return_mean": float(np.mean(flat)), "return_std": float(np.std(flat)),
-        "return_min": float(np.min(flat)), "return_max": float(np.max(flat)),
-        "length_mean": float(np.mean(flat_len)), "returns": flat, "lengths": flat_len,
+        "return_mean": stat(np.mean, flat), "return_std": stat(np.std, flat),
+        "return_min": stat(np.min, flat), "return_max": stat(np.max, flat),
+        "length_mean": stat(np.mean, flat_len), "returns": flat, "lengths": flat_len,
         "env_steps": steps, "frames": steps * spec.frames_per_step, "wall_s": time.perf_counter() - t0,
         "device": str(dev),
     }

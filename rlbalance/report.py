@@ -180,7 +180,7 @@ def write_report(run: str | Path) -> Path:
             rows.append((f"Ray node {node}", f"actors {n['actors']}, actor CPU {n['actor_cpu_seconds']:.1f} s"
                          + (f", node CPU {util:.0%} (mean)" if util is not None else "")))
     e = d["eval"]
-    if e:
+    if e and e.get("episodes"):
         rows.append((f"evaluation ({e['policy']} policy, checkpoint at {e['checkpoint_steps']:,} steps)",
                      f"return {e['return_mean']:.1f} +- {e['return_std']:.1f} over {e['episodes']} games "
                      f"(min {e['return_min']:.1f}, max {e['return_max']:.1f}): rlbalance eval"))

@@ -37,3 +37,12 @@ def test_eval_without_checkpoint_names_the_fix(tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
     assert main(["eval", str(run), "--episodes", "0"]) == 2
     assert "--episodes" in capsys.readouterr().err
+
+
+def test_eval_out_of_steps_keeps_the_games_played(cfg_factory):
+    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0}, run={"mode": "serial",
+                                                                                  "total_steps": 2_000}))
+    assert main(["eval", s["run_dir"], "--episodes", "8", "--envs", "4", "--max-steps", "1000"]) == 1
+    r = json.load(open(os.path.join(s["run_dir"], "eval.json")))
+    # 200-step games, 4 envs: 1,000 env steps = 250 per env, so each env finished one game of its two
+    assert not r["complete"] and r["episodes"] == 4 and r["lengths"] == [200] * 4

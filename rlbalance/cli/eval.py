@@ -32,14 +32,20 @@ def run(args: argparse.Namespace) -> int:
 
     r = evaluate(args.run_dir, episodes=args.episodes, num_envs=args.envs, greedy=args.greedy,
                  checkpoint=args.checkpoint, device=args.device, seed=args.seed, max_steps=args.max_steps)
-    Console().print(
-        f"[bold]{r['env']}[/bold], checkpoint at {r['checkpoint_steps']:,} steps, {r['policy']} policy: "
-        f"return {r['return_mean']:.1f} +- {r['return_std']:.1f} over {r['episodes']} games "
-        f"(min {r['return_min']:.1f}, max {r['return_max']:.1f}, mean length {r['length_mean']:.0f} steps)")
+    console = Console()
+    if r["episodes"]:
+        console.print(
+            f"[bold]{r['env']}[/bold], checkpoint at {r['checkpoint_steps']:,} steps, {r['policy']} policy: "
+            f"return {r['return_mean']:.1f} +- {r['return_std']:.1f} over {r['episodes']} games "
+            f"(min {r['return_min']:.1f}, max {r['return_max']:.1f}, mean length {r['length_mean']:.0f} steps)")
+    if not r["complete"]:
+        console.print(f"[bold red]incomplete[/bold red]: --max-steps {args.max_steps:,} ran out after "
+                      f"{r['episodes']} of {r['games_per_env'] * r['num_envs']} games (kept in eval.json); "
+                      "raise --max-steps or lower --episodes")
     run_dir = Path(args.run_dir)
     print(f"wrote {run_dir / 'eval.json'}")
     if (run_dir / "report.html").is_file():  # the run's report shows the evaluation too
         from ..report import write_report
 
         print(f"updated {write_report(run_dir)}")
-    return 0
+    return 0 if r["complete"] else 1
