@@ -26,16 +26,17 @@ def _first_reach(curve: list[tuple[int, float]], level: float) -> int | None:
     return next((s for s, r in curve if r >= level), None)
 
 
-def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=print) -> dict:
+def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=print, extra: dict | None = None) -> dict:
+    """``extra``: config overrides on top of the defaults (e.g. {"learner": {"max_grad_norm": 2.0}})."""
     from rlbalance.train import train
 
     runs = []
     for mode in modes:
         for seed in range(seeds):
-            cfg = C.build({"inference": {"mode": mode}, "run": {
+            cfg = C.build(C.merge(extra or {}, {"inference": {"mode": mode}, "run": {
                 "seed": seed, "total_steps": steps, "out_dir": str(out / "runs"),
                 "name": f"seeds-{mode}-{seed}-{time.time_ns()}"},
-                "telemetry": {"progress": False, "report": False, "tensorboard": False, "log_interval_s": 1.0}})
+                "telemetry": {"progress": False, "report": False, "tensorboard": False, "log_interval_s": 1.0}}))
             s = train(cfg)
             curve = _curve(s["run_dir"])
             run = {"mode": mode, "seed": seed, "best": max((r for _, r in curve), default=None),
@@ -51,6 +52,7 @@ def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=prin
                          "median_best": statistics.median(r["best"] for r in rs),
                          **{f"reached_{lv}": sum(r[f"steps_to_{lv}"] is not None for r in rs) for lv in THRESHOLDS}}
     result = {"env": "CartPole-v1", "steps_per_run": steps, "config": "defaults (rlbalance train --help)",
+              "overrides": extra or {},
               "summary": summary, "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(result, indent=2))
@@ -67,7 +69,8 @@ def _fmt(x) -> str:
 
 def _write_md(path: Path, result: dict) -> None:
     lines = ["# CartPole learning over seeds", "",
-             f"The default config, {result['steps_per_run']:,} env steps per run, one run per seed and mode, "
+             f"The default config{' with ' + json.dumps(result['overrides']) if result['overrides'] else ''}, "
+             f"{result['steps_per_run']:,} env steps per run, one run per seed and mode, "
              "parallel actors (this machine). Return = mean over the last 100 episodes.", "",
              "| mode | seeds | reached 400 | reached 475 | median best | median final |", "|---|---|---|---|---|---|"]
     for mode, s in result["summary"].items():

@@ -60,8 +60,11 @@ def test_sweep_bench_tiny(tmp_path):
 
 
 def test_seeds_bench_tiny(tmp_path, capsys):
-    assert main(["bench", "seeds", "--seeds", "2", "--steps", "4000", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "seeds", "--seeds", "2", "--steps", "4000", "--out", str(tmp_path),
+                 "--set", "learner.max_grad_norm=2"]) == 0
     doc = json.load(open(tmp_path / "seeds.json"))
+    assert doc["overrides"] == {"learner": {"max_grad_norm": "2"}}
+    assert doc["runs"][0]["curve"]
     assert [(r["mode"], r["seed"]) for r in doc["runs"]] == [("central", 0), ("central", 1)]
     assert all(r["curve"] and r["best"] >= r["final"] > 0 for r in doc["runs"])
     assert doc["summary"]["central"]["seeds"] == 2
@@ -69,3 +72,5 @@ def test_seeds_bench_tiny(tmp_path, capsys):
     assert (tmp_path / "seeds.png").stat().st_size > 1000
     assert main(["bench", "seeds", "--modes", "remote", "--out", str(tmp_path / "bad")]) == 2
     assert "--modes" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert main(["bench", "seeds", "--set", "learner.max_grad_norm=-1", "--out", str(tmp_path / "bad")]) == 2
+    assert "learner.max_grad_norm" in capsys.readouterr().err and not (tmp_path / "bad").exists()

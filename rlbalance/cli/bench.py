@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=30.0, help="soak: length of the run")
     p.add_argument("--seeds", type=int, default=8, help="seeds: runs per mode (seeds 0..N-1)")
     p.add_argument("--modes", default="central", help="seeds: comma-separated inference modes (central, actor)")
+    p.add_argument("--set", metavar="SECTION.FIELD=VALUE", action="append", default=[],
+                   help="seeds: a config override on top of the defaults, e.g. --set learner.max_grad_norm=2 "
+                   "(repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,14 +75,16 @@ def run(args: argparse.Namespace) -> int:
     if args.name == "seeds":
         from bench.seeds import run_seeds
 
+        from rlbalance import config as C
+
         modes = [m for m in args.modes.split(",") if m]
         bad = [m for m in modes if m not in ("central", "actor")]
         if bad or not modes or args.seeds < 1:
-            from rlbalance.config import ConfigError
-
-            raise ConfigError(f"--modes {args.modes!r} / --seeds {args.seeds}: modes are central and/or actor, "
-                              "seeds at least 1")
-        print(run_seeds(out, args.seeds, args.steps or 500_000, modes))
+            raise C.ConfigError(f"--modes {args.modes!r} / --seeds {args.seeds}: modes are central and/or actor, "
+                                "seeds at least 1")
+        extra = C.parse_set(args.set)
+        C.build(extra)  # a bad override fails here, naming the field, before any run
+        print(run_seeds(out, args.seeds, args.steps or 500_000, modes, extra=extra))
         return 0
     if args.name == "pong-curve":
         from bench.pong_curve import run_curve
