@@ -25,10 +25,6 @@ from .rundir import RunDir, atomic_write_json
 EVAL_SEED_OFFSET = 500_009
 
 
-def _games_per_env(episodes: int, num_envs: int) -> int:
-    return math.ceil(episodes / num_envs)
-
-
 def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy: bool = False,
              checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
              max_steps: int = 10_000_000, progress: bool = True) -> dict:
@@ -53,7 +49,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     model.load_state_dict(state["model"])
     model.eval()
     seed = client_seed(cfg, 0) + EVAL_SEED_OFFSET if seed is None else seed
-    per_env = _games_per_env(episodes, num_envs)
+    per_env = math.ceil(episodes / num_envs)
     gen = torch.Generator(device=dev).manual_seed(seed)
     envs = EnvBatch(env_cfg, num_envs, seed)
     returns: list[list[float]] = [[] for _ in range(num_envs)]

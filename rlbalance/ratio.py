@@ -51,6 +51,12 @@ def analyse(rows: list[dict]) -> dict:
     }
 
 
+def _verdict_legend(ax, colors: dict) -> None:
+    for v, col in colors.items():
+        ax.scatter([], [], color=col, label=v)
+    ax.legend(fontsize=7)
+
+
 def _plots(a: dict, out: Path) -> list[Path]:
     import matplotlib
 
@@ -77,9 +83,7 @@ def _plots(a: dict, out: Path) -> list[Path]:
     if a["efficiency_optimal_R"] is not None:
         axes[1].axvline(a["efficiency_optimal_R"], ls="--", color="tab:green", label="efficiency-optimal R")
         axes[1].legend(fontsize=7)
-    for v, col in colors.items():
-        axes[0].scatter([], [], color=col, label=v)
-    axes[0].legend(fontsize=7)
+    _verdict_legend(axes[0], colors)
     fig.tight_layout()
     paths.append(out / "ratio.png")
     fig.savefig(paths[-1], dpi=100)
@@ -96,9 +100,7 @@ def _plots(a: dict, out: Path) -> list[Path]:
         ax.set_xlabel("actor processes")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    for v, col in colors.items():
-        axes[0].scatter([], [], color=col, label=v)
-    axes[0].legend(fontsize=7)
+    _verdict_legend(axes[0], colors)
     fig.tight_layout()
     paths.append(out / "fps_vs_actors.png")
     fig.savefig(paths[-1], dpi=100)

@@ -148,19 +148,21 @@ def run_sweep(name: str, base: dict, axes: dict[str, list[str]], steps: int, db_
     return rows
 
 
-def sweep_names(db_path: str | Path) -> list[str]:
+def _open_existing(db_path: str | Path) -> sqlite3.Connection:
     if not Path(db_path).is_file():
         raise C.ConfigError(f"sweep database {db_path} not found; run `rlbalance sweep --db {db_path} ...` first")
-    db = sqlite3.connect(str(db_path))
+    return sqlite3.connect(str(db_path))
+
+
+def sweep_names(db_path: str | Path) -> list[str]:
+    db = _open_existing(db_path)
     names = [r[0] for r in db.execute("SELECT DISTINCT sweep FROM points ORDER BY sweep")]
     db.close()
     return names
 
 
 def load_rows(db_path: str | Path, sweep: str | None = None) -> list[dict]:
-    if not Path(db_path).is_file():
-        raise C.ConfigError(f"sweep database {db_path} not found; run `rlbalance sweep --db {db_path} ...` first")
-    db = sqlite3.connect(str(db_path))
+    db = _open_existing(db_path)
     db.row_factory = sqlite3.Row
     q = "SELECT * FROM points" + (" WHERE sweep = ?" if sweep else "") + " ORDER BY started"
     rows = [dict(r) for r in db.execute(q, (sweep,) if sweep else ())]
