@@ -17,7 +17,8 @@ from rlbalance import config as C
 THRESHOLDS = (400, 475)
 
 
-def _curve(run_dir: str) -> list[tuple[int, float]]:
+def learning_curve(run_dir: str) -> list[tuple[int, float]]:
+    """(env steps, mean return over the last 100 episodes) of every metrics record that has a return."""
     recs = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [(r["steps"], r["episode_return"]) for r in recs if r.get("episode_return") is not None]
 
@@ -38,7 +39,7 @@ def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=prin
                 "name": f"seeds-{mode}-{seed}-{time.time_ns()}"},
                 "telemetry": {"progress": False, "report": False, "tensorboard": False, "log_interval_s": 1.0}}))
             s = train(cfg)
-            curve = _curve(s["run_dir"])
+            curve = learning_curve(s["run_dir"])
             run = {"mode": mode, "seed": seed, "best": max((r for _, r in curve), default=None),
                    "final": curve[-1][1] if curve else None, "sps": s["sps_sustained"],
                    **{f"steps_to_{lv}": _first_reach(curve, lv) for lv in THRESHOLDS}, "curve": curve}

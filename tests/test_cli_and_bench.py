@@ -64,7 +64,6 @@ def test_seeds_bench_tiny(tmp_path, capsys):
                  "--set", "learner.max_grad_norm=2"]) == 0
     doc = json.load(open(tmp_path / "seeds.json"))
     assert doc["overrides"] == {"learner": {"max_grad_norm": "2"}}
-    assert doc["runs"][0]["curve"]
     assert [(r["mode"], r["seed"]) for r in doc["runs"]] == [("central", 0), ("central", 1)]
     assert all(r["curve"] and r["best"] >= r["final"] > 0 for r in doc["runs"])
     assert doc["summary"]["central"]["seeds"] == 2

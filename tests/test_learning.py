@@ -8,19 +8,14 @@ in one process), so it is deterministic for a seed; the parallel runner's learni
 every run differ, is held to the serial curve's shape below.
 """
 
-import json
 import statistics
 
 import pytest
 
+from bench.seeds import learning_curve
 from rlbalance.train import train
 
 BUDGET = 500_000
-
-
-def _curve(run_dir):
-    recs = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
-    return [(r["steps"], r["episode_return"]) for r in recs if r["episode_return"] is not None]
 
 
 def _first_crossing(curve, level):
@@ -38,7 +33,7 @@ def test_cartpole_reaches_400_within_500k_steps(cfg_factory, inference):
     s = train(cfg_factory(inference={"mode": inference}, run={"total_steps": BUDGET, "name": inference,
                                                               "mode": "serial"},
                           telemetry={"tensorboard": False}, **MODES[inference]))
-    curve = _curve(s["run_dir"])
+    curve = learning_curve(s["run_dir"])
     best = max(r for _, r in curve)
     assert s["steps"] <= BUDGET + 16 * 20  # the budget, rounded up to one learner batch
     assert best >= 400, f"{inference}: best mean return (last 100 episodes) {best:.1f} < 400; curve {curve}"
@@ -50,7 +45,7 @@ def test_serial_and_parallel_learn_alike(cfg_factory):
     for mode in ("serial", "parallel"):
         s = train(cfg_factory(run={"total_steps": 300_000, "name": f"shape-{mode}", "mode": mode, "seed": 3},
                               telemetry={"tensorboard": False, "log_interval_s": 0.2}))
-        curves[mode] = _curve(s["run_dir"])
+        curves[mode] = learning_curve(s["run_dir"])
     for mode, c in curves.items():
         early = [r for st, r in c if st <= 30_000] or [c[0][1]]
         late = [r for st, r in c if st >= 250_000]

@@ -19,6 +19,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback: 127.0.0.1 sta
 ray = pytest.importorskip("ray", reason="Ray is part of the test extra: pip install -e '.[test]'")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from bench.seeds import learning_curve  # noqa: E402
 from rlbalance import config as C  # noqa: E402
 from rlbalance.train import train  # noqa: E402
 
@@ -54,7 +55,7 @@ def test_cartpole_learns_with_actors_on_two_nodes(cluster, cfg_factory):
     assert s["actors_on"] == "ray" and s["outcome"] == "completed"
     assert len(_nodes_of(tel)) == 2, tel["ray"]["placement"]  # spread over head and second node
     assert len(s["nodes"]) == 2 and all(n["actor_cpu_seconds"] > 0 for n in s["nodes"].values())
-    curve = [(r["steps"], r["episode_return"]) for r in _records(s["run_dir"]) if r["episode_return"] is not None]
+    curve = learning_curve(s["run_dir"])
     assert s["steps"] <= 500_000 + 16 * 20
     # Held to the standard of the trainer's parallel runner (tests/test_learning.py): its timing makes every
     # run differ, so the 400 bar belongs to the deterministic serial runner; a parallel or Ray run must show
