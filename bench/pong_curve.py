@@ -1,53 +1,130 @@
-"""Pong learning curve: train ALE/Pong-v5 (DeepMind preprocessing, Nature CNN) for the first N frames
-and record episode return against frames. Writes pong-curve.json, .csv and .png."""
+"""Pong learning curve with the Atari preset: train ALE/Pong-v5 for N frames (10M by default) and record
+the mean return of the last 100 games, the policy entropy and the policy lag against frames and against
+wall time, the frames and minutes to pass -15 and +18, and the final policy's weights.
+
+``run_curve`` trains and then calls ``write_curve``; ``write_curve`` alone turns any finished (or
+interrupted) run directory into the same files, so a run started with ``rlbalance train`` can be
+reported the same way. Writes pong-curve.json, .csv, .png and pong-policy.pt (model weights only).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from bench.trainer import workload_config
 
+MILESTONES = (-15.0, 18.0)
 
-def run_curve(frames: int, num_actors: int, out: Path, extra: dict | None = None) -> dict:
+
+def run_curve(frames: int, seed: int, out: Path, extra: dict | None = None) -> dict:
     from rlbalance.train import train
 
     cfg = workload_config("pong", extra)
     steps = frames // cfg.env.frameskip
-    cfg = replace(cfg, actors=replace(cfg.actors, num_actors=num_actors),
-                  run=replace(cfg.run, total_steps=steps, out_dir=str(out / "runs"),
-                              name=f"pong-curve-{int(time.time())}"),
+    cfg = replace(cfg, run=replace(cfg.run, total_steps=steps, seed=seed, out_dir=str(out / "runs"),
+                                   name=f"pong-curve-seed{seed}-{int(time.time())}", checkpoint_interval_s=300.0),
                   telemetry=replace(cfg.telemetry, tensorboard=True, log_interval_s=10.0))
     summary = train(cfg)
-    run = Path(summary["run_dir"])
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    curve = [(r["frames"], r["episode_return"]) for r in recs if r.get("episode_return") is not None]
-    rets = [r for _, r in curve]
-    k = max(1, len(rets) // 10)
-    first, last = float(np.mean(rets[:k])), float(np.mean(rets[-k:]))
-    result = {"frames": summary["frames"], "fps_sustained": summary["fps_sustained"],
-              "return_first_tenth": first, "return_last_tenth": last, "improved": last > first,
-              "episodes": summary["episodes"], "run_dir": str(run), "curve": curve}
+    return write_curve(Path(summary["run_dir"]), out)
+
+
+def _records(run: Path) -> list[dict]:
+    recs = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        try:
+            recs.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill: the rest of the file is still good
+            continue
+    return recs
+
+
+def _finite(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def write_curve(run: Path, out: Path) -> dict:
+    """Curve files for run directory ``run`` in folder ``out``; returns the result without the curve."""
+    import torch
+
+    recs = _records(run)
+    cfg = json.loads((run / "config.json").read_text())
+    # Wall time: time_s restarts at 0 when a run is resumed; count each session from where the last ended.
+    wall, offset, last = [], 0.0, 0.0
+    for r in recs:
+        if r["time_s"] < last:
+            offset += last
+        last = r["time_s"]
+        wall.append(offset + r["time_s"])
+    rows = [{"frames": r["frames"], "wall_s": w, "return": _finite(r.get("episode_return")),
+             "entropy": _finite(r.get("loss/entropy")), "policy_lag": _finite(r.get("policy_lag")),
+             "fps": _finite(r.get("fps"))} for r, w in zip(recs, wall)]
+    milestones = {}
+    for m in MILESTONES:
+        hit = next((row for row in rows if row["return"] is not None and row["return"] >= m), None)
+        milestones[f"{m:+g}"] = {"frames": hit["frames"], "minutes": round(hit["wall_s"] / 60, 1)} if hit else None
+    with_return = [row for row in rows if row["return"] is not None]
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    fps = [row["fps"] for row in rows if row["fps"]]
+    result = {
+        "env": cfg["env"]["id"], "preset": cfg["run"].get("preset"), "seed": cfg["run"]["seed"],
+        "frames": rows[-1]["frames"] if rows else 0, "wall_minutes": round(wall[-1] / 60, 1) if wall else 0.0,
+        "final_return_last100": with_return[-1]["return"] if with_return else None,
+        "best_return_last100": max((row["return"] for row in with_return), default=None),
+        "milestones": milestones, "fps_median": sorted(fps)[len(fps) // 2] if fps else None,
+        "outcome": summary.get("outcome", "unfinished"), "run_dir": str(run),
+        "learner": cfg["learner"], "actors": cfg["actors"], "env_config": cfg["env"],
+        "curve": rows,
+    }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pong-curve.json").write_text(json.dumps(result, indent=2))
-    (out / "pong-curve.csv").write_text("frames,mean_return_last100\n" +
-                                        "".join(f"{f},{r}\n" for f, r in curve))
+    (out / "pong-curve.json").write_text(json.dumps(result, indent=1, allow_nan=False))
+    (out / "pong-curve.csv").write_text("frames,wall_s,mean_return_last100,entropy,policy_lag\n" + "".join(
+        f"{r['frames']},{r['wall_s']:.1f},{_csv(r['return'])},{_csv(r['entropy'])},{_csv(r['policy_lag'])}\n"
+        for r in rows))
+    ckpts = sorted(run.glob("ckpt-*.pt"))
+    if ckpts:  # the final policy, model weights only (a few MB), for `rlbalance eval`
+        state = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
+        torch.save({"model": state["model"], "steps": state["steps"], "updates": state["updates"],
+                    "config": cfg}, out / "pong-policy.pt")
+    _plot(rows, result, out / "pong-curve.png")
+    return {k: v for k, v in result.items() if k not in ("curve", "learner", "actors", "env_config")}
+
+
+def _csv(x) -> str:
+    return "" if x is None else f"{x:.4g}"
+
+
+def _plot(rows: list[dict], result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([f for f, _ in curve], rets)
-    ax.set_xlabel("frames")
-    ax.set_ylabel("mean return (last 100 episodes)")
-    ax.set_title(f"ALE/Pong-v5, {num_actors} actors, {summary['fps_sustained']:,.0f} FPS")
-    ax.grid(alpha=0.3)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    ret = [(r["frames"] / 1e6, r["wall_s"] / 60, r["return"]) for r in rows if r["return"] is not None]
+    for ax, xi, label in ((axes[0][0], 0, "frames (millions)"), (axes[0][1], 1, "wall time (minutes)")):
+        ax.plot([p[xi] for p in ret], [p[2] for p in ret], color="C0")
+        for m in MILESTONES:
+            ax.axhline(m, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel(label)
+        ax.set_ylabel("mean return, last 100 games")
+        ax.set_ylim(-21.5, 21.5)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_title(f"{result['env']}, preset {result['preset']}, seed {result['seed']}")
+    axes[0][1].set_title(f"median {result['fps_median'] or 0:,.0f} FPS on this machine")
+    ent = [(r["frames"] / 1e6, r["entropy"]) for r in rows if r["entropy"] is not None]
+    axes[1][0].plot([p[0] for p in ent], [p[1] for p in ent], color="C1")
+    axes[1][0].set_xlabel("frames (millions)")
+    axes[1][0].set_ylabel("policy entropy (max ln 6 = 1.79)")
+    axes[1][0].grid(alpha=0.3)
+    lag = [(r["frames"] / 1e6, r["policy_lag"]) for r in rows if r["policy_lag"] is not None]
+    axes[1][1].plot([p[0] for p in lag], [p[1] for p in lag], color="C2")
+    axes[1][1].set_xlabel("frames (millions)")
+    axes[1][1].set_ylabel("policy lag (learner updates)")
+    axes[1][1].grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "pong-curve.png", dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return {k: v for k, v in result.items() if k != "curve"}

@@ -29,10 +29,8 @@ from rlbalance.rundir import hardware_stamp
 
 WORKLOADS = {
     "cartpole": {},
-    # B=16 at lr 8e-4 did better over the first 2M frames than B=32 at 6e-4 (bench/results/pong-*).
-    "pong": {"env": {"id": "ALE/Pong-v5"}, "actors": {"envs_per_actor": 8},
-             "learner": {"batch_size": 16, "unroll_length": 20, "learning_rate": 8e-4, "reward_clip": 1.0,
-                         "max_grad_norm": 0.5, "torch_threads": 2}},
+    # The Atari preset (rlbalance/presets.py) is the one source of its settings.
+    "pong": {"env": {"id": "ALE/Pong-v5"}},
     "synthetic": {"env": {"id": "synthetic", "synthetic_step_us": 20.0}},
 }
 

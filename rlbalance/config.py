@@ -167,6 +167,14 @@ class LearnerConfig:
     clip_rho: float = _f(1.0, "V-trace rho-bar (importance weight clip for the value targets).")
     clip_c: float = _f(1.0, "V-trace c-bar (trace cutting).")
     clip_pg_rho: float = _f(1.0, "V-trace clip of the importance weight in the policy gradient.")
+    vtrace_lambda: float = _f(1.0, "V-trace lambda (IMPALA, remark 2): trace coefficients lambda * min(c-bar, rho); "
+                              "below 1 it trades bias for variance as GAE's lambda does.")
+    epochs: int = _f(1, "Passes over each batch (1: IMPALA's single pass; more reuse each frame, as APPO does, at "
+                     "that many times the learner's compute). Targets come from the first pass.")
+    minibatches: int = _f(1, "Optimizer steps per pass: the batch's unrolls split into this many equal parts "
+                          "(shuffled after the first pass).")
+    ppo_clip: float = _f(0.0, "0: the V-trace policy gradient. > 0: PPO's clipped surrogate on the ratio to the "
+                         "behaviour policy with V-trace advantages (APPO), clipped to 1 +/- this.")
     normalize_advantages: bool = _f(True, "Normalize the policy-gradient advantages over each batch (zero mean, unit "
                                     "std); makes the policy step independent of the reward scale.")
     reward_clip: float = _f(0.0, "Clip rewards to [-x, x] (0: no clipping; Atari uses 1).")
@@ -192,6 +200,16 @@ class LearnerConfig:
         _require(self.reward_clip >= 0, "learner.reward_clip", self.reward_clip, "must be >= 0")
         _require(self.torch_threads >= 1, "learner.torch_threads", self.torch_threads, "must be >= 1")
         _require(self.devices >= 1, "learner.devices", self.devices, "must be >= 1")
+        _require(0.0 < self.vtrace_lambda <= 1.0, "learner.vtrace_lambda", self.vtrace_lambda, "must be in (0, 1]")
+        _require(self.epochs >= 1, "learner.epochs", self.epochs, "must be >= 1")
+        _require(1 <= self.minibatches <= self.batch_size, "learner.minibatches", self.minibatches,
+                 f"must be in [1, learner.batch_size={self.batch_size}] (each part holds whole unrolls)")
+        _require(self.batch_size % self.minibatches == 0, "learner.minibatches", self.minibatches,
+                 f"must divide learner.batch_size={self.batch_size} (equal parts of whole unrolls)")
+        _require(0.0 <= self.ppo_clip < 1.0, "learner.ppo_clip", self.ppo_clip, "must be in [0, 1) (0: off)")
+        _require(self.devices == 1 or (self.epochs == 1 and self.minibatches == 1), "learner.devices", self.devices,
+                 "several learner devices take one optimizer step per batch: use learner.epochs=1 and "
+                 "learner.minibatches=1 with it")
         _require(self.batch_size % self.devices == 0, "learner.batch_size", self.batch_size,
                  f"must be a multiple of learner.devices={self.devices} (each device trains on an equal shard)")
 
@@ -235,6 +253,9 @@ class RunConfig:
     checkpoint_interval_s: float = _f(60.0, "Seconds between checkpoints (a final one is always written).")
     max_seconds: float = _f(0.0, "Stop after this many seconds of training, counted from the first "
                                  "update, so process start-up is not part of it (0: no limit).")
+    preset: str = _f("auto", "Settings of an env family under the config file and command line: 'auto' picks "
+                     "it from env.id ('atari' for ALE ids, 'classic', 'synthetic'), 'none' uses the bare defaults; "
+                     "config.json records the one used.")
 
     def __post_init__(self) -> None:
         _require(self.total_steps >= 1, "run.total_steps", self.total_steps, "must be >= 1")
@@ -242,6 +263,9 @@ class RunConfig:
         _require(self.checkpoint_interval_s > 0, "run.checkpoint_interval_s", self.checkpoint_interval_s,
                  "must be > 0")
         _require(self.max_seconds >= 0, "run.max_seconds", self.max_seconds, "must be >= 0")
+        from .presets import PRESET_NAMES
+
+        _require(self.preset in PRESET_NAMES, "run.preset", self.preset, f"one of {PRESET_NAMES}")
 
 
 RAY_PLACEMENTS = ("spread", "pack")
@@ -320,10 +344,16 @@ class Config:
         return self.actors.num_actors * self.actors.env_groups
 
     @property
-    def num_buffers(self) -> int:
+    def buffers_per_actor_process(self) -> int:
+        """Unroll buffers each actor process owns (local actors hand buffers back and forth with the learner
+        over their own pipe, so each buffer belongs to one actor)."""
         if self.actors.buffers_per_actor:
-            return self.num_clients * self.actors.buffers_per_actor
-        return 2 * self.buffers_per_batch + self.num_clients
+            return self.actors.env_groups * self.actors.buffers_per_actor
+        return self.actors.env_groups + -(-2 * self.buffers_per_batch // self.actors.num_actors)
+
+    @property
+    def num_buffers(self) -> int:
+        return self.actors.num_actors * self.buffers_per_actor_process
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -388,8 +418,17 @@ def coerce(section: str, name: str, value: Any) -> Any:
 
 
 def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
-    """Build a Config from nested overrides {section: {field: value}} on top of the defaults."""
+    """Build a Config from nested overrides {section: {field: value}} on top of the env family's preset
+    (``run.preset``, see rlbalance/presets.py) on top of the defaults."""
+    from . import presets
+
     overrides = overrides or {}
+    env_id = coerce("env", "id", (overrides.get("env") or {}).get("id", EnvConfig.id))
+    name = coerce("run", "preset", (overrides.get("run") or {}).get("preset", RunConfig.preset))
+    if name not in presets.PRESET_NAMES:
+        raise ConfigError(f"run.preset={name!r} is invalid: one of {presets.PRESET_NAMES}")
+    name = presets.resolve(name, env_id)
+    overrides = merge(presets.layer(name), overrides, {"run": {"preset": name}})
     sections = {}
     for sec, cls in SECTIONS.items():
         vals = {k: coerce(sec, k, v) for k, v in (overrides.get(sec) or {}).items()}

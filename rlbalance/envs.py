@@ -192,7 +192,8 @@ class EnvPoolBatch:
             kwargs["max_episode_steps"] = cfg.max_episode_steps
         if task not in envpool.list_all_envs():
             raise ConfigError(f"env.id={cfg.id!r} is not an EnvPool task; use env.backend=gymnasium")
-        self.env = envpool.make_gymnasium(task, num_envs=k, seed=seed, **kwargs)
+        # One thread: an actor is one core's worth of env stepping, as with the gymnasium backend.
+        self.env = envpool.make_gymnasium(task, num_envs=k, seed=seed, num_threads=1, **kwargs)
         self.atari = cfg.is_atari
         space = self.env.observation_space
         self.spec = EnvSpec(tuple(space.shape), np.dtype(space.dtype), int(self.env.action_space.n),

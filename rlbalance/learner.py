@@ -64,7 +64,13 @@ class Learner:
         nb = device.type == "cuda"
         return {k: (v.pin_memory() if nb else v).to(device, non_blocking=nb) for k, v in batch.items()}
 
-    def loss(self, b: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict]:
+    def loss(self, b: dict[str, torch.Tensor], model: torch.nn.Module | None = None,
+             targets: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, dict, tuple[torch.Tensor, torch.Tensor]]:
+        """The loss on unrolls ``b`` and the V-trace targets (vs, advantages) it used.
+
+        ``targets`` from an earlier pass over the same unrolls are reused (later epochs), as PPO reuses
+        its advantages; without them they are computed from this forward pass."""
         cfg = self.cfg
         model = model or self.model
         t1, n = b["action"].shape[:2]
@@ -76,6 +82,32 @@ class Learner:
         target_logp_all = F.log_softmax(logits[:t], dim=-1)
         target_logp = target_logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         behaviour_logp = F.log_softmax(b["logits"][:t].float(), dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        if targets is None:
+            targets = self._targets(b, model, target_logp.detach() - behaviour_logp, values.detach())
+        vs, adv = targets
+        if cfg.normalize_advantages:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        stats: dict[str, torch.Tensor] = {}
+        if cfg.ppo_clip:
+            # Clipped surrogate on the ratio to the behaviour policy (APPO, as in Sample Factory).
+            ratio = torch.exp(target_logp - behaviour_logp)
+            surrogate = torch.min(ratio * adv, ratio.clamp(1 - cfg.ppo_clip, 1 + cfg.ppo_clip) * adv)
+            pg_loss = -surrogate.mean()
+            stats["clip_fraction"] = ((ratio - 1).abs() > cfg.ppo_clip).float().mean()
+        else:
+            pg_loss = -(target_logp * adv).mean()
+        baseline_loss = 0.5 * ((vs - values[:t]) ** 2).mean()
+        entropy = -(target_logp_all.exp() * target_logp_all).sum(-1).mean()
+        total = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
+        stats.update(pg_loss=pg_loss, baseline_loss=baseline_loss, entropy=entropy, total_loss=total)
+        return total, stats, targets
+
+    @torch.no_grad()
+    def _targets(self, b: dict[str, torch.Tensor], model: torch.nn.Module, log_rhos: torch.Tensor,
+                 values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """V-trace value targets and policy-gradient advantages for unrolls ``b``, [T, n] each."""
+        cfg = self.cfg
+        t = values.shape[0] - 1
         rewards = b["reward"][:t].float()
         if cfg.reward_clip:
             rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
@@ -83,47 +115,66 @@ class Learner:
         truncated = b["truncated"][:t]
         if truncated.any():
             # A time limit is not a terminal state: bootstrap from the value of the last observation.
-            with torch.no_grad():
-                _, v_final = model(b["final_obs"][:t][truncated])
+            _, v_final = model(b["final_obs"][:t][truncated])
             rewards = rewards.clone()
             rewards[truncated] += cfg.discount * v_final
-        vt = vtrace(target_logp.detach() - behaviour_logp, discounts, rewards, values[:t].detach(), values[t].detach(),
-                    cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho)
-        adv = vt.pg_advantages
-        if cfg.normalize_advantages:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        pg_loss = -(target_logp * adv).mean()
-        baseline_loss = 0.5 * ((vt.vs - values[:t]) ** 2).mean()
-        entropy = -(target_logp_all.exp() * target_logp_all).sum(-1).mean()
-        total = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
-        stats = {"pg_loss": pg_loss, "baseline_loss": baseline_loss, "entropy": entropy, "total_loss": total}
-        return total, stats
+        vt = vtrace(log_rhos, discounts, rewards, values[:t], values[t], cfg.clip_rho, cfg.clip_c,
+                    cfg.clip_pg_rho, cfg.vtrace_lambda)
+        return vt.vs, (vt.advantages if cfg.ppo_clip else vt.pg_advantages)
 
     def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One update on a batch already in host memory. Returns loss figures and stage times (s)."""
+        """One update on a batch already in host memory: ``epochs`` passes, each over ``minibatches`` parts of
+        the batch (whole unrolls, shuffled per epoch), one optimizer step each. Returns loss figures (means
+        over the steps) and stage times (s)."""
         if self.replicas:
             return self._train_parallel(batch)
+        cfg = self.cfg
         t0 = time.perf_counter()
         b = self.to_device(batch)
         t1 = time.perf_counter()
         if self.cuda:
             self._ev_start.record()
         lr = self._set_lr()
-        total, stats = self.loss(b)
-        self._check_finite(total, stats)
-        self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        t2 = time.perf_counter()
-        with self.step_lock:
-            self.optimizer.step()
+        n = b["action"].shape[1]
+        m = cfg.minibatches
+        vs = adv = None
+        sums: dict[str, torch.Tensor] = {}
+        fwd_bwd = optim = 0.0
+        steps = 0
+        for epoch in range(cfg.epochs):
+            order = torch.arange(n) if epoch == 0 else torch.randperm(n)
+            for cols in order.chunk(m):
+                ta = time.perf_counter()
+                mb = b if m == 1 else {k: v[:, cols.to(v.device)] for k, v in b.items() if k != "version"}
+                targets = None if vs is None or epoch == 0 else (vs[:, cols], adv[:, cols])
+                total, stats, (mvs, madv) = self.loss(mb, targets=targets)
+                if epoch == 0 and cfg.epochs > 1:
+                    if vs is None:
+                        vs, adv = (torch.empty((mvs.shape[0], n), device=mvs.device) for _ in range(2))
+                    vs[:, cols], adv[:, cols] = mvs, madv
+                self._check_finite(total, stats)
+                self.optimizer.zero_grad(set_to_none=True)
+                total.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                tb = time.perf_counter()
+                with self.step_lock:
+                    self.optimizer.step()
+                tc = time.perf_counter()
+                fwd_bwd += tb - ta
+                optim += tc - tb
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v.detach()
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.detach()
+                steps += 1
         if self.cuda:
             self._ev_end.record()
-        out = {k: float(v.item()) for k, v in stats.items()}  # .item() synchronises the device
-        t3 = time.perf_counter()
+        out = {k: float(v.item()) / steps for k, v in sums.items()}  # .item() synchronises the device
+        out["time_optim_last"] = time.perf_counter() - tc
+        optim += out.pop("time_optim_last")
         if self.cuda:
             out["time_gpu_train"] = self._ev_start.elapsed_time(self._ev_end) / 1000.0
-        return self._count(b["action"], out, grad_norm, lr, t1 - t0, t2 - t1, t3 - t2)
+        grad_norm = out.pop("grad_norm")
+        return self._count(b["action"], out, grad_norm, lr, t1 - t0, fwd_bwd, optim)
 
     def _set_lr(self) -> float:
         lr = self.lr_now()
@@ -157,7 +208,7 @@ class Learner:
 
         def shard(i: int):
             b = self.to_device(shards[i], self.devices[i])
-            total, stats = self.loss(b, models[i])
+            total, stats, _ = self.loss(b, models[i])
             if torch.isfinite(total):
                 total.backward()
             return total, stats

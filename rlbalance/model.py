@@ -27,7 +27,10 @@ class ActorCritic(nn.Module):
 
     @staticmethod
     def _prep(obs: torch.Tensor) -> torch.Tensor:
-        return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        if x.dim() == 4:  # images: channels-last convolutions are ~25% faster on a CPU (oneDNN) and suit GPUs
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._prep(obs)

@@ -2,7 +2,8 @@
 
   rlbalance bench trainer                      # CartPole and Pong, actor counts 1..cores
   rlbalance bench trainer --workloads cartpole --actors 1,2 --steps 300000
-  rlbalance bench pong-curve --frames 2000000  # Pong learning curve over the first 2M frames
+  rlbalance bench pong-curve                   # Pong with the Atari preset, 10M frames: curve, milestones, policy
+  rlbalance bench pong-curve --from-run RUN    # the same files from a run made with rlbalance train
   rlbalance bench telemetry-overhead           # FPS with telemetry on against off, alternating runs
   rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
   rlbalance bench soak --minutes 30            # memory flat and FPS steady over a long run
@@ -29,19 +30,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=0, help="trainer: env steps per end-to-end run "
                    "(default 500k CartPole, 25k Pong); seeds: env steps per run (default 500k)")
     p.add_argument("--seconds", type=float, default=5.0, help="trainer: seconds per ceiling measurement")
-    p.add_argument("--frames", type=int, default=2_000_000, help="pong-curve: frames to train")
-    p.add_argument("--num-actors", type=int, default=1, help="pong-curve: actor processes (1 was fastest on "
-                   "our 2-core machine: see bench/results/trainer.md)")
+    p.add_argument("--frames", type=int, default=10_000_000, help="pong-curve: frames to train")
+    p.add_argument("--seed", type=int, default=1, help="pong-curve: run.seed")
+    p.add_argument("--from-run", metavar="RUN_DIR", help="pong-curve: write the curve files of an existing run "
+                   "directory instead of training")
     p.add_argument("--repeats", type=int, default=4, help="telemetry-overhead: runs each way")
     p.add_argument("--minutes", type=float, default=30.0, help="soak: length of the run")
     p.add_argument("--seeds", type=int, default=8, help="seeds: runs per mode (seeds 0..N-1)")
     p.add_argument("--modes", default="central", help="seeds: comma-separated inference modes (central, actor)")
     p.add_argument("--set", metavar="SECTION.FIELD=VALUE", action="append", default=[],
-                   help="seeds: a config override on top of the defaults, e.g. --set learner.max_grad_norm=2 "
+                   help="seeds, pong-curve: a config override on top of the defaults, e.g. --set learner.max_grad_norm=2 "
                    "(repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlbalance import config as C
+
     out = Path(args.out)
     if args.name == "telemetry-overhead":
         from bench.telemetry_overhead import run_overhead
@@ -75,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
     if args.name == "seeds":
         from bench.seeds import run_seeds
 
-        from rlbalance import config as C
-
         modes = [m for m in args.modes.split(",") if m]
         bad = [m for m in modes if m not in ("central", "actor")]
         if bad or not modes or args.seeds < 1:
@@ -87,9 +89,12 @@ def run(args: argparse.Namespace) -> int:
         print(run_seeds(out, args.seeds, args.steps or 500_000, modes, extra=extra))
         return 0
     if args.name == "pong-curve":
-        from bench.pong_curve import run_curve
+        from bench.pong_curve import run_curve, write_curve
 
-        print(run_curve(args.frames, args.num_actors, out))
+        if args.from_run:
+            print(write_curve(Path(args.from_run), out))
+        else:
+            print(run_curve(args.frames, args.seed, out, extra=C.parse_set(args.set) or None))
         return 0
     from bench.trainer import WORKLOADS, run_workload, write_results
 

@@ -1,0 +1,55 @@
+"""Presets: the settings that make each environment family learn, one source of truth.
+
+A run's values come from, lowest to highest: the dataclass defaults, the preset of its env family
+(``run.preset=auto`` picks it from ``env.id``), a config file, the command line. The preset a run used
+is recorded in its ``config.json`` (``run.preset``) and its summary. ``run.preset=none`` turns presets off.
+
+Each preset names where its numbers come from and the measured runs that justified any change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CartPole and the other gymnasium classic-control tasks: the dataclass defaults, tuned over seeds
+    # (bench/results/seeds/).
+    "classic": {},
+    # The controlled synthetic environment: the dataclass defaults.
+    "synthetic": {},
+    # Atari (ALE, DeepMind preprocessing, Nature CNN). V-trace advantages in PPO's clipped surrogate with
+    # two passes over each batch (APPO, as in Sample Factory and RLlib), with CleanRL's PPO Atari
+    # hyperparameters: Adam 2.5e-4 (eps 1e-5), clip 0.1, entropy 0.01, value 0.5, grad norm 0.5,
+    # lambda 0.95, advantages normalised per minibatch, rewards clipped to [-1, 1]. A batch of 32 unrolls
+    # of 20 steps in 4 minibatches over 2 epochs takes as many optimizer steps per frame as CleanRL's
+    # 1024-step rollouts in 4 minibatches over 4 epochs. The learning rate is constant, so a short run
+    # learns as fast as the start of a long one. Justification: bench/results/pong-curve/.
+    "atari": {
+        "env": {"backend": "envpool", "sticky_actions": 0.0, "noop_max": 30, "episodic_life": False},
+        "actors": {"num_actors": 2, "envs_per_actor": 16, "env_groups": 1, "buffers_per_actor": 2},
+        "learner": {"batch_size": 32, "unroll_length": 20, "learning_rate": 2.5e-4, "lr_schedule": "constant",
+                    "adam_eps": 1e-5, "epochs": 2, "minibatches": 4, "ppo_clip": 0.1, "vtrace_lambda": 0.95,
+                    "normalize_advantages": True, "entropy_cost": 0.01, "baseline_cost": 0.5,
+                    "max_grad_norm": 0.5, "reward_clip": 1.0, "discount": 0.99, "torch_threads": 2},
+    },
+}
+
+PRESET_NAMES = ("auto", "none", *PRESETS)
+
+
+def family(env_id: str) -> str:
+    """The env family of an id: 'atari', 'synthetic' or 'classic' (any other gymnasium id)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "atari"
+    if env_id == "synthetic":
+        return "synthetic"
+    return "classic"
+
+
+def resolve(name: str, env_id: str) -> str:
+    return family(env_id) if name == "auto" else name
+
+
+def layer(name: str) -> dict[str, Any]:
+    """The overrides of preset ``name`` ('none': no overrides)."""
+    return {sec: dict(vals) for sec, vals in PRESETS.get(name, {}).items()}
