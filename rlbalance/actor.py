@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
+import pickle
 import signal
 import time
 from dataclasses import dataclass
@@ -146,14 +146,14 @@ class LocalModel:
     """Actor-side inference: a CPU copy of the model, synced when sync_every learner updates passed.
     One per actor process, shared by its env groups (each with its own DirectPolicy)."""
 
-    def __init__(self, model: torch.nn.Module, weights: SharedWeights, lock, sync_every: int, seed: int):
-        self.model, self.weights, self.lock, self.sync_every = model, weights, lock, sync_every
+    def __init__(self, model: torch.nn.Module, weights: SharedWeights, sync_every: int, seed: int):
+        self.model, self.weights, self.sync_every = model, weights, sync_every
         self.generator = torch.Generator().manual_seed(seed)
-        self.version = weights.load_into(model, lock)
+        self.version = weights.load_into(model)
 
     def act(self, obs: np.ndarray):
         if int(self.weights.version[0]) - self.version >= self.sync_every:
-            self.version = self.weights.load_into(self.model, self.lock)
+            self.version = self.weights.load_into(self.model)
         actions, logits = self.model.act(torch.from_numpy(obs), self.generator)
         return actions.numpy(), logits.numpy()
 
@@ -191,73 +191,113 @@ def actor_cpus(cfg: Config, actor_id: int) -> tuple[int, ...] | None:
 
 @dataclass
 class ActorShared:
-    """Everything an actor process shares with the learner, handed over once at start."""
+    """Everything an actor process shares with the learner, handed over once at start.
+
+    Nothing here is a lock: an actor can be SIGKILLed at any moment, and a lock it held would stay held
+    (a multiprocessing queue's lock did exactly that and stalled the other actors). Buffer indices and
+    stage times travel over each actor's own control pipe; flags and heartbeats are shared memory with
+    a single writer each."""
 
     buffers: RolloutBuffers
-    free_q: object
-    full_q: object
-    stats_q: object
-    stop: object
+    stop: torch.Tensor       # [1] uint8: set by the learner to stop every actor
     heartbeat: torch.Tensor  # [num_actors] float64: time.monotonic() of each actor's last step
-    owner: torch.Tensor      # [num_buffers] int64: the actor filling each buffer, -1 when none
     slots: StepSlots | None
     weights: SharedWeights | None
-    weights_lock: object
 
 
-def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, conns) -> None:
+FREE, FULL, STATS = b"B", b"F", b"S"  # control-pipe message kinds: free buffer in, full buffer and stats out
+
+
+def encode_index(kind: bytes, idx: int) -> bytes:
+    return kind + int(idx).to_bytes(4, "little")
+
+
+class BufferLink:
+    """The actor's end of its control pipe: free buffer indices come in, full ones and stage times go out.
+
+    Each message is one write of a few bytes (atomic on a pipe), one writer and one reader per direction."""
+
+    def __init__(self, conn, actor_id: int, stop: torch.Tensor, beat):
+        self.conn, self.actor_id, self.stop, self.beat = conn, actor_id, stop, beat
+        self.free: list[int] = []
+
+    def _receive(self, timeout: float) -> None:
+        if self.conn.poll(timeout):
+            while True:
+                msg = self.conn.recv_bytes()
+                if msg[:1] == FREE:
+                    self.free.append(int.from_bytes(msg[1:5], "little"))
+                if not self.conn.poll(0):
+                    break
+
+    def take(self, timer: StageTimer) -> int:
+        """A free buffer index. Waiting on the learner is not hanging: the heartbeat goes on meanwhile."""
+        with timer.stage("wait_buffer"):
+            self._receive(0)
+            while not self.free:
+                if self.stop[0]:
+                    raise _Stopped
+                self._receive(0.2)
+                self.beat()
+                _check_parent()
+        return self.free.pop(0)
+
+    def full(self, idx: int) -> None:
+        self.conn.send_bytes(encode_index(FULL, idx))
+
+    def stats(self, snap: dict) -> None:
+        self.conn.send_bytes(STATS + pickle.dumps(("actor", self.actor_id, snap)))
+
+
+def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, conns, ctl) -> None:
     """Entry point of one actor process: env_groups rollouts stepped in turn.
 
-    ``incarnation`` counts restarts of this actor (0 for the first); a fault injected for tests
-    (env.synthetic_fault) fires in the first incarnation of actor 0 only."""
+    ``conns`` are the inference channels of its env groups (central inference), ``ctl`` its control pipe
+    to the learner. ``incarnation`` counts restarts of this actor (0 for the first); a fault injected for
+    tests (env.synthetic_fault) fires in the first incarnation of actor 0 only."""
     g = cfg.actors.env_groups
     clients = [actor_id * g + i for i in range(g)]
     init_process(1, actor_cpus(cfg, actor_id), client_seed(cfg, clients[0]) + 7919 * incarnation)
     timer = StageTimer(cfg.telemetry.stage_timers)
     heartbeat = sh.heartbeat.numpy()
-    owner = sh.owner.numpy()
     heartbeat[actor_id] = time.monotonic()
-    envs = actor_env_groups(cfg, actor_id, incarnation)
-    if cfg.inference.mode == "central":
-        policies = [CentralClient(c, sh.slots, conn) for c, conn in zip(clients, conns)]
-    else:
-        from .model import build_model
-
-        model = build_model(cfg.learner, envs[0].spec)
-        local = LocalModel(model, sh.weights, sh.weights_lock, cfg.inference.sync_every, client_seed(cfg, clients[0]))
-        policies = [local.policy() for _ in clients]
 
     def beat() -> None:
         heartbeat[actor_id] = time.monotonic()
 
-    def take() -> int:
-        idx = _take(sh.free_q, sh.stop, timer, beat)
-        owner[idx] = actor_id
-        return idx
-
+    link = BufferLink(ctl, actor_id, sh.stop, beat)
+    envs: list[EnvBatch] = []
     try:
+        envs = actor_env_groups(cfg, actor_id, incarnation)
+        if cfg.inference.mode == "central":
+            policies = [CentralClient(c, sh.slots, conn) for c, conn in zip(clients, conns)]
+        else:
+            from .model import build_model
+
+            model = build_model(cfg.learner, envs[0].spec)
+            local = LocalModel(model, sh.weights, cfg.inference.sync_every, client_seed(cfg, clients[0]))
+            policies = [local.policy() for _ in clients]
         rollouts = [Rollout(e, p, timer) for e, p in zip(envs, policies)]
-        owned = [take() for _ in rollouts]
+        owned = [link.take(timer) for _ in rollouts]
         for r, idx in zip(rollouts, owned):
             r.begin(sh.buffers.view(idx))
         last_report = time.perf_counter()
-        while not sh.stop.is_set():
+        while not sh.stop[0]:
             for i, r in enumerate(rollouts):
                 if r.step():
-                    owner[owned[i]] = -1
-                    sh.full_q.put(owned[i])
-                    owned[i] = take()
+                    link.full(owned[i])
+                    owned[i] = link.take(timer)
                     r.begin(sh.buffers.view(owned[i]))
-            heartbeat[actor_id] = time.monotonic()
+            beat()
             now = time.perf_counter()
             if now - last_report > 1.0:
                 _check_parent()
-                sh.stats_q.put(("actor", actor_id, timer.snapshot(reset=True)))
+                link.stats(timer.snapshot(reset=True))
                 last_report = now
+        link.stats(timer.snapshot(reset=True))  # the last stage times
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt, _Stopped):
         pass  # the server closed the channel or the learner asked us to stop
     finally:
-        sh.stats_q.put(("actor", actor_id, timer.snapshot(reset=True)))  # the last stage times
         for e in envs:
             e.close()
 
@@ -271,15 +311,3 @@ def _check_parent() -> None:
     parent = mp.parent_process()
     if parent is not None and not parent.is_alive():
         raise _Stopped
-
-
-def _take(free_q, stop_event, timer: StageTimer, beat) -> int:
-    """A free buffer index. Waiting on the learner is not hanging: the heartbeat goes on meanwhile."""
-    with timer.stage("wait_buffer"):
-        while not stop_event.is_set():
-            try:
-                return free_q.get(timeout=0.2)
-            except queue.Empty:
-                beat()
-                _check_parent()
-    raise _Stopped

@@ -2,17 +2,23 @@
 
 An actor is restarted when its process has died (an env raised, it was SIGKILLed) or its heartbeat is
 older than ``actors.heartbeat_timeout_s`` (it hangs; it is SIGKILLed first). Its half-filled buffers
-go back to the free queue, its inference channels are replaced, and the seconds it was lost for are
+go to its next process, its inference channels are replaced, and the seconds it was lost for are
 counted. More than ``actors.max_restarts`` restarts stop training with an error.
+
+Each actor owns a fixed share of the unroll buffers and talks to the learner over its own control pipe:
+the pool sends it free buffer indices, it sends back full ones and its stage times. No lock or queue is
+shared between processes, so an actor killed at any moment cannot stall the others.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import time
+from multiprocessing.connection import wait
 
-from .actor import ActorShared, actor_main
+from .actor import FREE, FULL, STATS, ActorShared, actor_main, encode_index
 from .config import Config
 
 
@@ -38,6 +44,17 @@ class ActorPool:
         self._awaiting: dict[int, tuple[float, float]] = {}  # actor -> (restart time, last sign of life)
         self.server = None
         self.started = [0.0] * cfg.actors.num_actors  # when each actor's current process was started
+        self.ctl: list = [None] * cfg.actors.num_actors  # the learner's end of each actor's control pipe
+        self.per_actor = cfg.buffers_per_actor_process
+        self.full: list[int] = []  # full buffers, oldest first, not yet taken by the learner
+        self.at_actor: set[int] = set()  # buffers sent to their actor and not yet back full
+        self.unsent: list[list[int]] = [list(range(i * self.per_actor, (i + 1) * self.per_actor))
+                                        for i in range(cfg.actors.num_actors)]  # free, for the next process
+        self.stats: list[tuple] = []
+        self._eof: set[int] = set()  # actors whose control pipe closed (dead), until restarted
+
+    def owner(self, idx: int) -> int:
+        return idx // self.per_actor
 
     def start_all(self) -> None:
         for i in range(len(self.procs)):
@@ -50,14 +67,19 @@ class ActorPool:
                 parent_end, child_end = self.ctx.Pipe(duplex=True)
                 conns.append(parent_end)
                 child_ends.append(child_end)
+        ctl, ctl_child = self.ctx.Pipe(duplex=True)
         self.started[i] = time.monotonic()
         self.sh.heartbeat[i] = self.started[i]
         p = self.ctx.Process(target=actor_main, name=f"rlbalance-actor-{i}", daemon=True,
-                             args=(i, self.incarnation[i], self.cfg, self.sh, child_ends))
+                             args=(i, self.incarnation[i], self.cfg, self.sh, child_ends, ctl_child))
         p.start()
-        for c in child_ends:
-            c.close()
+        for c in (*child_ends, ctl_child):
+            c.close()  # only the child holds its ends: its death closes them (EOF here, never a stall)
         self.procs[i] = p
+        self.ctl[i] = ctl
+        self._eof.discard(i)
+        todo, self.unsent[i] = self.unsent[i], []
+        self._send_free(todo)
         for j, c in enumerate(conns):
             old = self.parent_conns[i * self.g + j]
             self.parent_conns[i * self.g + j] = c
@@ -104,18 +126,78 @@ class ActorPool:
             self._awaiting[i] = (time.monotonic(), t_last)
 
     def _reclaim(self, i: int) -> None:
-        """The dead actor's half-filled buffers go back to the free queue."""
-        owner = self.sh.owner
-        for idx in (owner == i).nonzero().flatten().tolist():
-            owner[idx] = -1
-            self.sh.free_q.put(idx)
+        """Whatever the dead actor sent before it died is read; the buffers it held go to its next process."""
+        conn, self.ctl[i] = self.ctl[i], None
+        if conn is not None:
+            self._read(i, conn)
+            conn.close()
+        held = sorted(idx for idx in self.at_actor if self.owner(idx) == i)
+        self.at_actor.difference_update(held)
+        self.unsent[i].extend(held)
+
+    def _send_free(self, idx: list[int]) -> None:
+        for j in idx:
+            i = self.owner(j)
+            conn = self.ctl[i]
+            try:
+                if conn is None:
+                    raise BrokenPipeError
+                conn.send_bytes(encode_index(FREE, j))
+                self.at_actor.add(j)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self.unsent[i].append(j)  # the actor is dead: its next process gets it
+
+    def _read(self, i: int, conn) -> None:
+        """Every message waiting on actor i's control pipe."""
+        try:
+            while conn.poll(0):
+                msg = conn.recv_bytes()
+                kind = msg[:1]
+                if kind == FULL:
+                    j = int.from_bytes(msg[1:5], "little")
+                    if j in self.at_actor:
+                        self.at_actor.discard(j)
+                        self.full.append(j)
+                elif kind == STATS:
+                    self.stats.append(pickle.loads(msg[1:]))
+        except (EOFError, OSError):
+            self._eof.add(i)  # the actor died; check() restarts it
+
+    def receive(self, timeout: float) -> None:
+        """Read the control pipes, waiting up to ``timeout`` seconds for the first message."""
+        live = {id(c): (i, c) for i, c in enumerate(self.ctl) if c is not None and i not in self._eof}
+        if not live:
+            time.sleep(timeout)
+            return
+        for c in wait([c for _, c in live.values()], timeout=timeout):
+            self._read(*live[id(c)])
+
+    def take_full(self, nb: int, while_waiting) -> list[int]:
+        """The ``nb`` oldest full buffers; ``while_waiting()`` (the health check) runs every half second
+        without enough of them."""
+        last = time.monotonic()
+        while len(self.full) < nb:
+            self.receive(0.5)
+            if time.monotonic() - last >= 0.5:
+                while_waiting()
+                last = time.monotonic()
+        idx, self.full = self.full[:nb], self.full[nb:]
+        return idx
+
+    def give_back(self, idx: list[int]) -> None:
+        """Buffers the learner has copied out go back to the actors that own them."""
+        self._send_free(idx)
+
+    def take_stats(self) -> list[tuple]:
+        out, self.stats = self.stats, []
+        return out
 
     def pending_lost_seconds(self) -> float:
         now = time.monotonic()
         return self.lost_seconds + sum(now - t_last for _, t_last in self._awaiting.values())
 
     def stop(self) -> None:
-        self.sh.stop.set()
+        self.sh.stop[0] = 1
         if self.server is not None:
             self.server.stop()
             self.server.join(timeout=5)
@@ -129,3 +211,8 @@ class ActorPool:
             if p is not None and p.is_alive():
                 p.terminate()
                 p.join(timeout=2)
+        for i, c in enumerate(self.ctl):
+            if c is not None:
+                self._read(i, c)  # the actors' last stage times
+                c.close()
+                self.ctl[i] = None

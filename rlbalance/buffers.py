@@ -8,6 +8,7 @@ and one-byte flags cross process boundaries afterwards.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -114,27 +115,41 @@ class StepSlots:
 
 @dataclass
 class SharedWeights:
-    """A flat copy of the policy's parameters for actor-side inference, with a version counter."""
+    """A flat copy of the policy's parameters for actor-side inference, with a version counter.
+
+    One writer (the learner) and many readers (actors), with no lock: a reader that is SIGKILLed mid-copy
+    must not block the writer. A sequence counter does it (a seqlock): the writer makes it odd while it
+    copies and even again after; a reader retries a copy that overlapped a write."""
 
     flat: torch.Tensor     # [P] float32
     version: torch.Tensor  # [1] int64
+    seq: torch.Tensor      # [1] int64: odd while the learner writes
 
     @classmethod
     def allocate(cls, model: torch.nn.Module) -> "SharedWeights":
-        vec = torch.nn.utils.parameters_to_vector([p.detach().cpu() for p in model.parameters()])
-        return cls(flat=vec.clone().share_memory_(), version=torch.zeros(1, dtype=torch.int64).share_memory_())
+        vec = torch.cat([p.detach().cpu().reshape(-1) for p in model.parameters()])
+        return cls(flat=vec.clone().share_memory_(), version=torch.zeros(1, dtype=torch.int64).share_memory_(),
+                   seq=torch.zeros(1, dtype=torch.int64).share_memory_())
 
-    def publish(self, model: torch.nn.Module, version: int, lock) -> None:
-        vec = torch.nn.utils.parameters_to_vector([p.detach() for p in model.parameters()]).cpu()
-        with lock:
-            self.flat.copy_(vec)
-            self.version[0] = version
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        vec = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
+        self.seq[0] += 1
+        self.flat.copy_(vec)
+        self.version[0] = version
+        self.seq[0] += 1
 
-    def load_into(self, model: torch.nn.Module, lock) -> int:
-        with lock, torch.no_grad():
-            offset = 0
-            for p in model.parameters():
-                n = p.numel()
-                p.copy_(self.flat[offset:offset + n].view_as(p))
-                offset += n
-            return int(self.version[0])
+    def load_into(self, model: torch.nn.Module) -> int:
+        while True:
+            before = int(self.seq[0])
+            if before % 2:
+                time.sleep(0.0005)
+                continue
+            with torch.no_grad():
+                offset = 0
+                for p in model.parameters():
+                    n = p.numel()
+                    p.copy_(self.flat[offset:offset + n].view(p.shape))
+                    offset += n
+                version = int(self.version[0])
+            if int(self.seq[0]) == before:
+                return version

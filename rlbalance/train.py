@@ -42,10 +42,9 @@ def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -
         policies = [DirectPolicy(act, lambda: learner.updates) for _ in range(cfg.num_clients)]
     else:
         weights = SharedWeights.allocate(learner.model)
-        lock = threading.Lock()
         policies = []
         for a in range(cfg.actors.num_actors):
-            local = LocalModel(build_model(cfg.learner, spec), weights, lock, cfg.inference.sync_every,
+            local = LocalModel(build_model(cfg.learner, spec), weights, cfg.inference.sync_every,
                                client_seed(cfg, a * g))
             policies += [local.policy() for _ in range(g)]
     rollouts = [Rollout(EnvBatch(cfg.env, k, client_seed(cfg, c)), policies[c]) for c in range(cfg.num_clients)]
@@ -59,7 +58,7 @@ def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -
         batch = buffers.gather(list(range(nb)))
         stats = learner.train(batch)
         if cfg.inference.mode == "actor":
-            weights.publish(learner.model, learner.updates, lock)
+            weights.publish(learner.model, learner.updates)
         session.after_update(batch, stats)
     for r in rollouts:
         r.envs.close()
@@ -72,14 +71,10 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
     central = cfg.inference.mode == "central"
     sh = ActorShared(
         buffers=RolloutBuffers.allocate(n_buf, t, k, spec, shared=True),
-        free_q=ctx.Queue(), full_q=ctx.Queue(), stats_q=ctx.Queue(), stop=ctx.Event(),
+        stop=torch.zeros(1, dtype=torch.uint8).share_memory_(),
         heartbeat=torch.zeros(cfg.actors.num_actors, dtype=torch.float64).share_memory_(),
-        owner=torch.full((n_buf,), -1, dtype=torch.int64).share_memory_(),
         slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True) if central else None,
-        weights=None if central else SharedWeights.allocate(learner.model),
-        weights_lock=ctx.Lock())
-    for i in range(n_buf):
-        sh.free_q.put(i)
+        weights=None if central else SharedWeights.allocate(learner.model))
     on_start = (lambda i, pid: session.sampler.watch("actor", pid)) if session.sampler is not None else None
     pool = ActorPool(ctx, cfg, sh, on_start)
     pool.start_all()
@@ -95,29 +90,28 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
     last_check = time.perf_counter()
     try:
         while not session.done():
-            idx = take_full(session, sh.full_q, nb, lambda: _check_health(pool, server))
+            with session.timer.stage("wait_data"):
+                idx = pool.take_full(nb, lambda: _check_health(pool, server))
             batch = sh.buffers.gather(idx)
-            for i in idx:
-                sh.free_q.put(i)
+            pool.give_back(idx)
             stats = learner.train(batch)
             if sh.weights is not None:
                 with session.timer.stage("weight_publish"):
-                    sh.weights.publish(learner.model, learner.updates, sh.weights_lock)
+                    sh.weights.publish(learner.model, learner.updates)
             if time.perf_counter() - last_check > 1.0:
                 _check_health(pool, server)
                 last_check = time.perf_counter()
-            _drain_stats(sh.stats_q, session, server, sh.full_q, sh.free_q)
+            pool.receive(0)
+            _drain_stats(pool, session, server)
             session.after_update(batch, stats)
     finally:
         pool.stop()
-        _drain_stats(sh.stats_q, session, server, sh.full_q, sh.free_q, final=True)
-        for q in (sh.free_q, sh.full_q, sh.stats_q):
-            q.cancel_join_thread()
-            q.close()
+        _drain_stats(pool, session, server, final=True)
 
 
 def take_full(session: Session, full_q, nb: int, while_waiting) -> list[int]:
-    """The next ``nb`` full buffer indices; ``while_waiting()`` runs every half second without one."""
+    """The next ``nb`` full buffer indices from a queue in this process (the Ray runner's feeder thread
+    fills it); ``while_waiting()`` runs every half second without one."""
     idx = []
     with session.timer.stage("wait_data"):
         while len(idx) < nb:
@@ -134,12 +128,8 @@ def _check_health(pool: ActorPool, server) -> None:
     pool.check()
 
 
-def _drain_stats(stats_q, session: Session, server, full_q, free_q, final: bool = False) -> None:
-    while True:
-        try:
-            role, _i, snap = stats_q.get_nowait()
-        except queue.Empty:
-            break
+def _drain_stats(pool: ActorPool, session: Session, server, final: bool = False) -> None:
+    for role, _i, snap in pool.take_stats():
         session.role_snapshot(role, snap)
     if server is not None and (final or server.timer.elapsed() > 1.0):
         session.role_snapshot("inference", server.timer.snapshot(reset=True))
@@ -151,11 +141,8 @@ def _drain_stats(stats_q, session: Session, server, full_q, free_q, final: bool 
             session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))
             if session.warm:
                 session.batch_sizes.update(sizes)
-    try:
-        session.extra_scalars["queue/full"] = float(full_q.qsize())
-        session.extra_scalars["queue/free"] = float(free_q.qsize())
-    except NotImplementedError:  # macOS
-        pass
+    session.extra_scalars["queue/full"] = float(len(pool.full))
+    session.extra_scalars["queue/at_actors"] = float(len(pool.at_actor))
 
 
 def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict:
