@@ -175,10 +175,20 @@ class ActorPool:
     def take_full(self, nb: int, while_waiting) -> list[int]:
         """The ``nb`` oldest full buffers; ``while_waiting()`` (the health check) runs every half second
         without enough of them."""
-        last = time.monotonic()
+        last = since = time.monotonic()
+        have = len(self.full)
+        # No actor fault can block the others now, but the learner still ends any stall it cannot explain.
+        limit = 2 * max(self.cfg.actors.heartbeat_timeout_s, START_TIMEOUT_S)
         while len(self.full) < nb:
             self.receive(0.5)
-            if time.monotonic() - last >= 0.5:
+            now = time.monotonic()
+            if len(self.full) > have:
+                have, since = len(self.full), now
+            elif now - since > limit:
+                raise ActorFailure(f"no unroll arrived for {now - since:.0f} s while every actor looked alive "
+                                   f"({len(self.full)} of {nb} buffers for the next batch); stopping rather than "
+                                   "waiting forever")
+            if now - last >= 0.5:
                 while_waiting()
                 last = time.monotonic()
         idx, self.full = self.full[:nb], self.full[nb:]

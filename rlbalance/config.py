@@ -263,6 +263,9 @@ class RunConfig:
         _require(self.checkpoint_interval_s > 0, "run.checkpoint_interval_s", self.checkpoint_interval_s,
                  "must be > 0")
         _require(self.max_seconds >= 0, "run.max_seconds", self.max_seconds, "must be >= 0")
+        _require(self.name == "" or (self.name not in (".", "..") and "/" not in self.name and "\\" not in self.name
+                                     and not self.name.startswith(".")), "run.name", self.name,
+                 "a plain folder name inside run.out_dir (no '/', no leading '.')")
         from .presets import PRESET_NAMES
 
         _require(self.preset in PRESET_NAMES, "run.preset", self.preset, f"one of {PRESET_NAMES}")

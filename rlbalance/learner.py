@@ -152,7 +152,7 @@ class Learner:
                     if vs is None:
                         vs, adv = (torch.empty((mvs.shape[0], n), device=mvs.device) for _ in range(2))
                     vs[:, cols], adv[:, cols] = mvs, madv
-                self._check_finite(total, stats)
+                self._check_finite(total, stats, mb)
                 self.optimizer.zero_grad(set_to_none=True)
                 total.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
@@ -182,12 +182,20 @@ class Learner:
             g["lr"] = lr
         return lr
 
-    def _check_finite(self, total: torch.Tensor, stats: dict) -> None:
-        if not torch.isfinite(total):
-            raise NonFiniteLossError(
-                f"loss is {total.item()} at update {self.updates} (pg={stats['pg_loss'].item():.4g}, "
-                f"baseline={stats['baseline_loss'].item():.4g}, entropy={stats['entropy'].item():.4g}); "
-                "lower learner.learning_rate or set learner.reward_clip")
+    def _check_finite(self, total: torch.Tensor, stats: dict, b: dict[str, torch.Tensor] | None = None) -> None:
+        if torch.isfinite(total):
+            return
+        where = f"loss is {total.item()} at update {self.updates}"
+        if b is not None:  # name the source: data from the environment, or the learning itself
+            for key, what in (("reward", "rewards"), ("obs", "observations")):
+                x = b[key]
+                if x.is_floating_point() and not torch.isfinite(x).all():
+                    raise NonFiniteLossError(f"{where}: the environment returned NaN or infinite {what}; fix the "
+                                             "environment (a lower learning rate will not help)")
+        raise NonFiniteLossError(
+            f"{where} (pg={stats['pg_loss'].item():.4g}, baseline={stats['baseline_loss'].item():.4g}, "
+            f"entropy={stats['entropy'].item():.4g}) with finite rewards and observations: the learning diverged; "
+            "lower learner.learning_rate or learner.max_grad_norm, or set learner.reward_clip")
 
     def _count(self, action: torch.Tensor, out: dict, grad_norm, lr: float, h2d: float, fwd_bwd: float,
                optim: float) -> dict[str, float]:
@@ -214,8 +222,8 @@ class Learner:
             return total, stats
 
         results = list(self._pool.map(shard, range(n)))
-        for total, stats in results:
-            self._check_finite(total, stats)
+        for i, (total, stats) in enumerate(results):
+            self._check_finite(total, stats, shards[i])
         t1 = time.perf_counter()
         with torch.no_grad():
             for p0, *ps in zip(self.model.parameters(), *[r.parameters() for r in self.replicas]):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
 from pathlib import Path
 
 import numpy as np
+
+from .rundir import dumps
 
 
 class EpisodeStats:
@@ -36,12 +37,22 @@ class EpisodeStats:
         return float(np.mean(self.lengths)) if self.lengths else math.nan
 
 
+def _cut_partial_last_line(path: Path) -> None:
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
 class MetricsLogger:
     """Writes one JSON object per record to metrics.jsonl and the same scalars to TensorBoard."""
 
     def __init__(self, run_path: Path, tensorboard: bool, frames_per_step: int, warmup_s: float,
-                 start_steps: int = 0):
+                 start_steps: int = 0, session: int = 0):
         self.path = Path(run_path) / "metrics.jsonl"
+        _cut_partial_last_line(self.path)  # a record cut by kill -9 would corrupt the next one
         self.file = open(self.path, "a", buffering=1)
         self.tb = None
         if tensorboard:
@@ -49,6 +60,7 @@ class MetricsLogger:
 
             self.tb = SummaryWriter(str(Path(run_path) / "tb"))
         self.frames_per_step = frames_per_step
+        self.session = session  # 0 for a run's first session, n after n resumes: time_s restarts with each
         self.warmup_s = warmup_s
         self.t0 = time.perf_counter()
         self.start_steps = start_steps
@@ -82,13 +94,12 @@ class MetricsLogger:
         now = time.perf_counter()
         sps = (steps - self.last_steps) / max(now - self.last_t, 1e-9)
         self.last_t, self.last_steps = now, steps
-        rec = {"time_s": round(now - self.t0, 4), "steps": steps, "frames": steps * self.frames_per_step,
+        rec = {"time_s": round(now - self.t0, 4), "session": self.session, "steps": steps, "frames": steps * self.frames_per_step,
                "sps": sps, "fps": sps * self.frames_per_step, **scalars}
-        self.file.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                                    for k, v in rec.items()}) + "\n")
+        self.file.write(dumps(rec, indent=None) + "\n")
         if self.tb is not None:
             for k, v in rec.items():
-                if k not in ("steps", "time_s") and isinstance(v, (int, float)) and math.isfinite(v):
+                if k not in ("steps", "time_s", "session") and isinstance(v, (int, float)) and math.isfinite(v):
                     self.tb.add_scalar(k, v, steps)
         return rec
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -87,13 +88,22 @@ def hardware_stamp() -> dict:
     }
 
 
+class DiskWriteError(RuntimeError):
+    """A run file could not be written (disk full, read-only, quota); its temporary file was removed."""
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename); on failure nothing is left."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DiskWriteError(f"cannot write {path}: {e.strerror or e}") from e
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dfd)
@@ -101,14 +111,56 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.close(dfd)
 
 
+def strict(obj):
+    """``obj`` with NaN and infinities as null and numpy scalars as Python numbers: strict JSON, which
+    JavaScript's JSON.parse and other strict parsers accept."""
+    if isinstance(obj, dict):
+        return {str(k): strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)) and getattr(obj, "ndim", 1) == 0:
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def dumps(obj, indent: int | None = 2) -> str:
+    """Strict JSON text of ``obj`` (see ``strict``); anything else not JSON becomes its string."""
+    return json.dumps(strict(obj), indent=indent, default=str, allow_nan=False)
+
+
 def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+    atomic_write_bytes(path, (dumps(obj) + "\n").encode())
 
 
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.ckpt_dir = self.path / "checkpoints"
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Own the run directory while this process lives: a second trainer (a --resume of a live run) is
+        refused. The lock is the kernel's (flock), so it dies with its process, kill -9 included."""
+        import fcntl
+
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"run directory {self.path} is in use by a live run (pid {holder}); wait for it to "
+                              "end or stop it (Ctrl-C or kill PID) before resuming it") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the file releases the flock
+            self._lock_fd = None
 
     @classmethod
     def create(cls, cfg: Config) -> "RunDir":
@@ -119,19 +171,25 @@ class RunDir:
                               "continue it, or choose another run.name")
         path.mkdir(parents=True, exist_ok=True)
         rd = cls(path)
+        rd.lock()
         rd.ckpt_dir.mkdir(exist_ok=True)
         atomic_write_json(path / "config.json", cfg.to_dict())
         return rd
 
-    def write_meta(self, extra: dict) -> None:
+    def write_config(self, cfg: Config) -> None:
+        """The config a resumed session actually uses (overrides given on resume included)."""
+        atomic_write_json(self.path / "config.json", cfg.to_dict())
+
+    def write_meta(self, extra: dict) -> int:
         """meta.json: where and when this session of the run ran; earlier sessions (before a resume) are
-        kept under "previous"."""
+        kept under "previous". Returns this session's index (0 for the first)."""
         meta = {"hardware": hardware_stamp(), **extra}
         old = self.path / "meta.json"
         if old.is_file():
             prev = json.loads(old.read_text())
             meta["previous"] = prev.pop("previous", []) + [prev]
         atomic_write_json(self.path / "meta.json", meta)
+        return len(meta.get("previous", []))
 
     def read_config(self) -> Config:
         p = self.path / "config.json"
@@ -147,7 +205,13 @@ class RunDir:
         buf = io.BytesIO()
         torch.save(state, buf)
         path = self.ckpt_dir / f"ckpt-{state['steps']:012d}.pt"
-        atomic_write_bytes(path, buf.getvalue())
+        try:
+            atomic_write_bytes(path, buf.getvalue())
+        except DiskWriteError as e:
+            last = self.latest_checkpoint()
+            raise DiskWriteError(f"{e}; the last good checkpoint is {last} (resume from it with --resume "
+                                 f"{self.path} once there is space)" if last else
+                                 f"{e}; no checkpoint of this run was written yet") from e
         atomic_write_bytes(self.ckpt_dir / "latest", path.name.encode())
         for old in sorted(self.ckpt_dir.glob("ckpt-*.pt"))[:-keep]:
             old.unlink(missing_ok=True)

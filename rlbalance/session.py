@@ -45,12 +45,12 @@ class RoleShares:
 
 class Session:
     def __init__(self, cfg: Config, run: RunDir, learner: Learner, spec: EnvSpec, episodes: EpisodeStats,
-                 model_lock: threading.Lock):
+                 model_lock: threading.Lock, session_index: int = 0):
         self.cfg, self.run, self.learner, self.spec, self.episodes = cfg, run, learner, spec, episodes
         self.model_lock = model_lock
         tc = cfg.telemetry
         self.logger = MetricsLogger(run.path, tc.tensorboard, spec.frames_per_step, tc.warmup_s,
-                                    start_steps=learner.steps)
+                                    start_steps=learner.steps, session=session_index)
         self.progress = Progress(cfg.run.total_steps, tc.progress, start=learner.steps)
         self.timer = StageTimer(tc.stage_timers)  # the learner role's own stages
         self.gpu_timer = StageTimer()  # device busy time (CUDA events) of training and inference
@@ -165,11 +165,13 @@ class Session:
         return rec
 
     def checkpoint(self) -> Path:
+        from .train import checkpoint_identity
+
         self.last_ckpt = time.perf_counter()
         state = self.learner.state_dict()
         state.update(episodes_returns=list(self.episodes.returns), episodes_lengths=list(self.episodes.lengths),
                      episodes_count=self.episodes.count, episodes_best_mean=self.episodes.best_mean,
-                     torch_rng=torch.get_rng_state())
+                     torch_rng=torch.get_rng_state(), identity=checkpoint_identity(self.cfg, self.spec))
         return self.run.save_checkpoint(state)
 
     def telemetry(self) -> dict:
@@ -203,6 +205,25 @@ class Session:
         slot = obs + 8 + logits + 8 if self.cfg.inference.mode == "central" else 0
         return 2 * row + slot
 
+    def fail(self, error: BaseException) -> None:
+        """Training stopped on an error: close up and write summary.json (outcome 'failed', the error, the last
+        good checkpoint) without writing a new checkpoint."""
+        self.progress.close()
+        if self.sampler is not None:
+            self.sampler.stop()
+        try:
+            last = self.run.latest_checkpoint()
+            summary = {"outcome": "failed", "error": f"{type(error).__name__}: {error}", "env": self.cfg.env.id,
+                       "preset": self.cfg.run.preset, "steps": self.learner.steps,
+                       "frames": self.learner.steps * self.spec.frames_per_step, "updates": self.learner.updates,
+                       "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
+                       "last_good_checkpoint": str(last) if last else None, "run_dir": str(self.run.path),
+                       "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            atomic_write_json(self.run.path / "summary.json", summary)
+            self.logger.close()
+        except Exception:  # a full disk must not hide the error that stopped training
+            pass
+
     def finish(self, outcome: str) -> dict:
         self.log()
         ckpt = self.checkpoint()
@@ -216,7 +237,7 @@ class Session:
         sps = self.logger.sustained_sps(steps)
         hw = tel["hardware"]
         summary = {
-            "outcome": outcome, "env": self.cfg.env.id, "mode": self.cfg.run.mode,
+            "outcome": outcome, "env": self.cfg.env.id, "preset": self.cfg.run.preset, "mode": self.cfg.run.mode,
             "inference": self.cfg.inference.mode, "model": resolve_model(self.cfg.learner, self.spec),
             "device": str(self.learner.device), "steps": steps, "frames": steps * self.spec.frames_per_step,
             "updates": self.learner.updates, "wall_s": wall,

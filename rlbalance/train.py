@@ -164,7 +164,13 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
     model_lock = threading.Lock()
     if resume:
         run = RunDir(Path(resume))
-        state = run.load_checkpoint()
+        run.lock()  # a run still going is refused before anything is read or written
+        try:
+            state = run.load_checkpoint()
+            check_checkpoint_fits(state, cfg, spec, model, run.latest_checkpoint())
+        except BaseException:
+            run.unlock()
+            raise
         learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock)
         learner.load_state_dict(state)
         episodes.returns.extend(state.get("episodes_returns", []))
@@ -172,13 +178,14 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         episodes.count = int(state.get("episodes_count", 0))
         episodes.best_mean = float(state.get("episodes_best_mean", float("nan")))
         torch.set_rng_state(state["torch_rng"])
+        run.write_config(cfg)  # overrides given on resume are part of the config this session uses
     else:
         run = RunDir.create(cfg)
         learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock)
-    run.write_meta({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from_steps": learner.steps,
+    session_index = run.write_meta({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from_steps": learner.steps,
                     "env_spec": {"obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
                                  "num_actions": spec.num_actions, "frames_per_step": spec.frames_per_step}})
-    session = Session(cfg, run, learner, spec, episodes, model_lock)
+    session = Session(cfg, run, learner, spec, episodes, model_lock, session_index)
     outcome = "completed"
     restore = _sigterm_as_interrupt()
     try:
@@ -192,15 +199,53 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
             after_run(learner, spec)
     except KeyboardInterrupt:
         outcome = "interrupted"
-    except BaseException:
-        session.progress.close()
-        if session.sampler is not None:
-            session.sampler.stop()
-        raise  # the last good checkpoint stays as it is
+    except BaseException as e:
+        restore()
+        session.fail(e)  # summary.json says what stopped training; the last good checkpoint stays as it is
+        run.unlock()
+        raise
+    # A second Ctrl-C or SIGTERM must not cut the final checkpoint and report short.
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        summary = session.finish(outcome)
     finally:
         restore()
-    summary = session.finish(outcome)
+        run.unlock()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     return summary
+
+
+def checkpoint_identity(cfg: Config, spec: EnvSpec) -> dict:
+    """What a checkpoint belongs to: written into every checkpoint, checked before one is loaded."""
+    from .model import resolve_model
+
+    return {"env": cfg.env.id, "obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
+            "num_actions": spec.num_actions, "model": resolve_model(cfg.learner, spec)}
+
+
+def check_checkpoint_fits(state: dict, cfg: Config, spec: EnvSpec, model: torch.nn.Module, path) -> None:
+    """Refuse, naming the difference, a checkpoint of another env, observation or action space, or model."""
+    from .config import ConfigError
+
+    have = state.get("identity")
+    want = checkpoint_identity(cfg, spec)
+    if have is not None:
+        diff = [f"{k}: checkpoint {have.get(k)!r}, this run {v!r}" for k, v in want.items() if have.get(k) != v]
+        if diff:
+            raise ConfigError(f"checkpoint {path} belongs to another run ({'; '.join(diff)}); resume it with its "
+                              "own config, or start a new run")
+    own = model.state_dict()
+    theirs = state.get("model", {})
+    bad = [f"{k}: checkpoint {list(theirs[k].shape) if k in theirs else 'missing'}, model {list(v.shape)}"
+           for k, v in own.items() if k not in theirs or tuple(theirs[k].shape) != tuple(v.shape)]
+    bad += [f"{k}: not in this model" for k in theirs if k not in own]
+    if bad:
+        raise ConfigError(f"checkpoint {path} does not fit this run's model ({'; '.join(bad[:3])}"
+                          f"{'; ...' if len(bad) > 3 else ''}); resume it with its own config, or start a new run")
 
 
 def _sigterm_as_interrupt():
@@ -211,6 +256,7 @@ def _sigterm_as_interrupt():
         return lambda: None
 
     def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the shutdown in progress finishes
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, handler)

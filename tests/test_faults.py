@@ -120,3 +120,202 @@ def test_nothing_listens_on_the_network(cfg_factory):
     train(cfg_factory(run={"total_steps": 20_000, "name": "net"}))
     th.join()
     assert seen <= s_before  # the trainer opened no listening socket
+
+
+def _actor_pids(min_age_s: float = 0.0) -> list[int]:
+    """This test process's actor processes (spawned children; not multiprocessing's resource tracker),
+    those at least ``min_age_s`` old."""
+    import psutil
+
+    out = []
+    for c in psutil.Process().children():
+        try:
+            cmd = " ".join(c.cmdline())
+            age = time.time() - c.create_time()
+        except psutil.Error:
+            continue
+        if "spawn_main" in cmd and "resource_tracker" not in cmd and age >= min_age_s:
+            out.append(c.pid)
+    return out
+
+
+def test_actors_killed_at_random_moments_never_hang_the_run(cfg_factory, monkeypatch):
+    """20 SIGKILLs of actors at random moments of a learner-bound run (an actor can die while it writes a
+    buffer, sends on its pipes or waits for the learner): the run completes, with one restart per kill."""
+    import random
+    import threading
+
+    kills, done = [], threading.Event()
+
+    def killer():
+        rng = random.Random(12)
+        while len(kills) < 20 and not done.is_set():
+            time.sleep(rng.uniform(0.05, 1.0))
+            # mostly actors past start-up, which spend most of a learner-bound run waiting for buffers
+            pids = [p for p in _actor_pids(min_age_s=3.0 if rng.random() < 0.8 else 0.0) if p not in kills]
+            if pids:
+                pid = rng.choice(pids)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    kills.append(pid)
+                except ProcessLookupError:
+                    pass
+
+    def watchdog():  # a hang fails the test (SIGTERM ends a run as interrupted) instead of stalling CI
+        if not done.wait(600):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    cfg = cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0},
+                      learner={"hidden_sizes": [1024, 1024, 1024], "batch_size": 64},
+                      actors={"max_restarts": 25, "heartbeat_timeout_s": 30.0},
+                      run={"total_steps": 10**9, "name": "chaos"}, telemetry={"tensorboard": False})
+    threads = [threading.Thread(target=killer, daemon=True), threading.Thread(target=watchdog, daemon=True)]
+    for t in threads:
+        t.start()
+
+    from rlbalance.session import Session
+
+    def done_after_kills(self):  # train until every kill has happened and every actor is back
+        pool = self.actor_pool
+        return len(kills) >= 20 and pool is not None and pool.restarts >= 20 and not pool._awaiting
+
+    monkeypatch.setattr(Session, "done", done_after_kills)
+    try:
+        s = train(cfg)
+    finally:
+        done.set()
+    assert s["outcome"] == "completed", s["outcome"]
+    assert len(kills) == 20
+    assert s["actor_restarts"] == 20, s["actor_faults"]
+    assert all("exited with code -9" in f["reason"] for f in s["actor_faults"])
+    assert not _actor_pids()  # every actor process is gone
+
+
+def _strict_json(text: str):
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("episodes", [0, 1, 99])
+def test_every_json_file_of_a_run_is_strict_json(cfg_factory, episodes):
+    # serial, one env, unrolls of 10 steps: a game of L steps ends exactly `steps / L` times
+    length = {0: 10**6, 1: 100, 99: 10}[episodes]
+    steps = {0: 100, 1: 100, 99: 990}[episodes]
+    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0, "synthetic_episode_len": length},
+                          actors={"num_actors": 1, "envs_per_actor": 1, "env_groups": 1},
+                          learner={"batch_size": 1, "unroll_length": 10},
+                          run={"total_steps": steps, "mode": "serial", "name": f"json{episodes}"},
+                          telemetry={"tensorboard": False}))
+    assert s["episodes"] == episodes
+    run = s["run_dir"]
+    files = [f for f in os.listdir(run) if f.endswith(".json")]
+    assert {"summary.json", "config.json", "meta.json", "telemetry.json"} <= set(files)
+    for f in files:
+        _strict_json(open(os.path.join(run, f)).read())
+    for line in open(os.path.join(run, "metrics.jsonl")):
+        _strict_json(line)
+    summary = _strict_json(open(os.path.join(run, "summary.json")).read())
+    assert (summary["episode_return_last100"] is None) == (episodes == 0)
+
+
+def test_resume_of_a_live_run_is_refused(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "rlbalance", "train", "--run.out_dir", str(tmp_path), "--run.name",
+                             "live", "--run.total_steps", "100000000", "--telemetry.progress", "false",
+                             "--telemetry.tensorboard", "false", "--run.checkpoint_interval_s", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        run = RunDir(tmp_path / "live")
+        deadline = time.time() + 90
+        while time.time() < deadline and run.latest_checkpoint() is None:
+            time.sleep(0.2)
+        assert run.latest_checkpoint() is not None
+        with pytest.raises(C.ConfigError, match=f"in use by a live run \\(pid {proc.pid}\\)"):
+            train(run.read_config(), resume=run.path)
+        out = subprocess.run([sys.executable, "-m", "rlbalance", "train", "--resume", str(run.path)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "in use by a live run" in out.stderr  # refused
+        assert proc.poll() is None  # the first run goes on
+        size = (run.path / "metrics.jsonl").stat().st_size
+        deadline = time.time() + 30
+        while time.time() < deadline and (run.path / "metrics.jsonl").stat().st_size == size:
+            time.sleep(0.2)
+        assert (run.path / "metrics.jsonl").stat().st_size > size
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    assert json.load(open(run.path / "summary.json"))["outcome"] == "interrupted"
+
+
+def test_checkpoint_of_another_env_with_the_same_shapes_is_refused(cfg_factory):
+    # a synthetic env shaped like CartPole (4 observations, 2 actions): same parameter shapes, another task
+    s_syn = train(cfg_factory(env={"id": "synthetic", "synthetic_obs_shape": [4], "synthetic_actions": 2},
+                              run={"total_steps": 3_000, "name": "syn"}, telemetry={"tensorboard": False}))
+    s_cp = train(cfg_factory(run={"total_steps": 3_000, "name": "cp"}, telemetry={"tensorboard": False}))
+    syn, cp = RunDir(s_syn["run_dir"]), RunDir(s_cp["run_dir"])
+    foreign = syn.latest_checkpoint()
+    target = cp.ckpt_dir / "ckpt-999999999999.pt"
+    target.write_bytes(foreign.read_bytes())
+    (cp.ckpt_dir / "latest").write_text(target.name)
+    before = {f: (cp.path / f).read_bytes() for f in ("metrics.jsonl", "summary.json", "config.json", "meta.json")}
+    with pytest.raises(C.ConfigError, match="belongs to another run \\(env: checkpoint 'synthetic'"):
+        train(cp.read_config(), resume=cp.path)
+    # another shape (a bigger MLP's checkpoint): refused with the layer named, no traceback
+    s_big = train(cfg_factory(run={"total_steps": 3_000, "name": "big"}, learner={"hidden_sizes": [32]},
+                              telemetry={"tensorboard": False}))
+    target.write_bytes(RunDir(s_big["run_dir"]).latest_checkpoint().read_bytes())
+    state = torch.load(target, weights_only=True)
+    state.pop("identity")  # as a checkpoint from before identities were written
+    torch.save(state, target)
+    with pytest.raises(C.ConfigError, match="does not fit this run's model \\(torso"):
+        train(cp.read_config(), resume=cp.path)
+    assert {f: (cp.path / f).read_bytes() for f in before} == before  # nothing written
+
+
+def test_disk_full_is_a_clear_error_and_the_run_resumes_once_there_is_space(cfg_factory, monkeypatch):
+    import errno
+
+    from rlbalance import rundir
+    from rlbalance.rundir import DiskWriteError
+
+    cfg = cfg_factory(run={"total_steps": 10**8, "name": "full", "checkpoint_interval_s": 0.5},
+                      telemetry={"tensorboard": False})
+    real_fsync, calls = rundir.os.fsync, {"ckpts": 0}
+    real_save = rundir.RunDir.save_checkpoint
+
+    def save(self, state, keep=2):
+        calls["ckpts"] += 1
+        if calls["ckpts"] >= 3:  # the disk fills up after two good checkpoints
+            def fsync(fd):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            monkeypatch.setattr(rundir.os, "fsync", fsync)
+        return real_save(self, state, keep)
+
+    monkeypatch.setattr(rundir.RunDir, "save_checkpoint", save)
+    with pytest.raises(DiskWriteError, match="No space left on device.*last good checkpoint is .*ckpt-"):
+        train(cfg)
+    monkeypatch.setattr(rundir.os, "fsync", real_fsync)
+    monkeypatch.setattr(rundir.RunDir, "save_checkpoint", real_save)
+    run = RunDir(os.path.join(cfg.run.out_dir, "full"))
+    assert not list(run.path.rglob("*.tmp"))
+    good = run.load_checkpoint()
+    s = train(C.build(C.merge(run.read_config().to_dict(), {"run": {"total_steps": good["steps"] + 5_000}})),
+              resume=run.path)
+    assert s["outcome"] == "completed" and s["steps"] >= good["steps"] + 5_000
+
+
+def test_exit_codes_are_distinct(tmp_path):
+    from rlbalance.cli import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, main
+
+    assert len({EXIT_COMPLETED, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED}) == 4
+    common = ["--run.out_dir", str(tmp_path), "--telemetry.progress", "false", "--telemetry.tensorboard", "false"]
+    assert main(["train", "--run.total_steps", "2000", "--run.name", "ok", *common]) == EXIT_COMPLETED
+    assert main(["train", "--learner.batch_size", "-1", "--run.name", "bad", *common]) == EXIT_REFUSED
+    assert not (tmp_path / "bad").exists()
+    assert main(["train", "--run.name", "../escape", *common]) == EXIT_REFUSED
+    assert main(["train", "--env.id", "synthetic", "--env.synthetic_fault", "nan:100", "--run.mode", "serial",
+                 "--run.total_steps", "100000", "--run.name", "nan", *common]) == EXIT_FAILED
+    s = json.load(open(tmp_path / "nan" / "summary.json"))
+    assert s["outcome"] == "failed" and "environment returned NaN" in s["error"]
+    # interrupted (130): test_sigint_stops_everything_and_checkpoints in test_train.py

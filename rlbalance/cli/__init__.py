@@ -21,6 +21,13 @@ SUBCOMMANDS = {
 }
 
 
+# Exit codes (documented in the README).
+EXIT_COMPLETED = 0    # the command did what was asked (a training run reached run.total_steps or run.max_seconds)
+EXIT_FAILED = 1       # training stopped on an error (NaN loss, actors failing, disk full); summary.json says why
+EXIT_REFUSED = 2      # bad input, refused before any process started or anything was written
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: a started run wrote its final checkpoint, summary and report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlbalance", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -32,17 +39,19 @@ def main(argv: list[str] | None = None) -> int:
         mod.add_arguments(p)
         modules[name] = mod
     args = parser.parse_args(argv)
+    from ..actor_pool import ActorFailure
+    from ..learner import NonFiniteLossError
+    from ..rundir import DiskWriteError
+
     try:
         return int(modules[args.command].run(args) or 0)
     except ConfigError as e:
         print(f"rlbalance {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        from ..learner import NonFiniteLossError
-        from ..actor_pool import ActorFailure
-
-        if not isinstance(e, (NonFiniteLossError, ActorFailure)):
-            raise
-        print(f"rlbalance {args.command}: training stopped: {e}\nThe last good checkpoint is kept; "
-              f"continue with --resume RUN_DIR once the cause is fixed.", file=sys.stderr)
-        return 1
+        return EXIT_REFUSED
+    except (NonFiniteLossError, ActorFailure, DiskWriteError) as e:
+        print(f"rlbalance {args.command}: training stopped: {e}\nsummary.json in the run directory names the last "
+              "good checkpoint; continue with --resume RUN_DIR once the cause is fixed.", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:  # before training started (a started run finishes its report and returns)
+        print(f"rlbalance {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

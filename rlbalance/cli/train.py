@@ -42,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args)
     summary = train(cfg, resume=args.resume)
     _print_summary(summary)
-    return 0 if summary["outcome"] in ("completed", "interrupted") else 1
+    from . import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED
+
+    return {"completed": EXIT_COMPLETED, "interrupted": EXIT_INTERRUPTED}.get(summary["outcome"], EXIT_FAILED)
 
 
 def _print_summary(s: dict) -> None:
