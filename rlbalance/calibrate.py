@@ -19,6 +19,8 @@ Saved with the hardware stamp as a JSON calibration file that the planner reads.
 
 from __future__ import annotations
 
+from .rundir import dumps as strict_dumps
+
 import json
 import multiprocessing as mp
 import statistics
@@ -253,7 +255,7 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
 def save(cal: dict, path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(cal, indent=2))
+    p.write_text(strict_dumps(cal, indent=2))
     return p
 
 

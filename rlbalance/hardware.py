@@ -47,6 +47,29 @@ def read_rapl_energy_uj() -> dict[str, int] | None:
     return out or None
 
 
+def read_rapl_ranges_uj() -> dict[str, int]:
+    """Each package counter's wrap-around value (max_energy_range_uj), read once."""
+    out = {}
+    for path in sorted(glob.glob("/sys/class/powercap/intel-rapl:*/max_energy_range_uj")):
+        try:
+            with open(path) as f:
+                out[os.path.dirname(path)] = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+RAPL_MAX_W_PER_PACKAGE = 1000.0  # no CPU package draws more: a larger figure is a counter fault, never measured
+
+
+def rapl_delta_uj(new: int, old: int, wrap: int | None) -> int | None:
+    """Energy between two readings of one counter; across a wrap, using the counter's own range. None where
+    the counter went backwards and its range is unknown (the figure cannot be trusted)."""
+    if new >= old:
+        return new - old
+    return new + wrap - old if wrap else None
+
+
 class NvmlReader:
     """GPU utilization, memory, power and the energy counter through nvidia-ml-py."""
 
@@ -109,6 +132,7 @@ class HardwareSampler:
     model: PowerModel = field(default_factory=PowerModel)
     rapl_reader: object = read_rapl_energy_uj
     nvml_factory: object = open_nvml
+    rapl_range_reader: object = read_rapl_ranges_uj
 
     def __post_init__(self) -> None:
         self.samples: list[Sample] = []
@@ -119,6 +143,7 @@ class HardwareSampler:
         self._last_cpu: dict[int, float] = {}
         self.nvml = None
         self.energy = {"cpu_j": 0.0, "gpu_j": 0.0, "cpu_source": "modeled", "gpu_source": "modeled"}
+        self.rapl_dropped = 0  # samples whose RAPL figure was impossible: modeled instead, and counted
 
     def watch(self, role: str, pid: int) -> None:
         self.pids.setdefault(role, []).append(pid)
@@ -126,6 +151,7 @@ class HardwareSampler:
     def start(self) -> None:
         self.nvml = self.nvml_factory()
         self._rapl_last = self.rapl_reader()
+        self._rapl_wrap = self.rapl_range_reader() if self._rapl_last else {}
         self._t_last = time.perf_counter()
         psutil.cpu_percent(percpu=True)  # prime the per-core counters
         self._thread = threading.Thread(target=self._run, name="hw-sampler", daemon=True)
@@ -170,11 +196,16 @@ class HardwareSampler:
         proc_cpu, rss = self._proc_cpu(dt)
         # CPU power: RAPL where readable, else the model on the busy cores.
         rapl = self.rapl_reader()
+        cpu_w = None
         if rapl and self._rapl_last:
-            joules = sum((rapl[k] - self._rapl_last.get(k, rapl[k])) % (1 << 48) for k in rapl) / 1e6
-            cpu_w, cpu_src = joules / dt, "measured"
-            self.energy["cpu_source"] = "measured"
-        else:
+            deltas = [rapl_delta_uj(rapl[k], self._rapl_last.get(k, rapl[k]), self._rapl_wrap.get(k)) for k in rapl]
+            watts = None if None in deltas else sum(deltas) / 1e6 / dt
+            if watts is not None and 0 <= watts <= RAPL_MAX_W_PER_PACKAGE * len(rapl):
+                cpu_w, cpu_src = watts, "measured"
+                self.energy["cpu_source"] = "measured"
+            else:
+                self.rapl_dropped += 1
+        if cpu_w is None:
             cpu_w = self.model.cpu_idle_watts + self.model.cpu_watts_per_busy_core * sum(per_core)
             cpu_src = "modeled"
         self._rapl_last = rapl
@@ -208,6 +239,7 @@ class HardwareSampler:
             "base_power_w": {"value": self.model.base_watts, "source": "modeled"},
             "energy_cpu_j": {"value": self.energy["cpu_j"], "source": self.energy["cpu_source"]},
             "energy_gpu_j": {"value": self.energy["gpu_j"], "source": self.energy["gpu_source"]},
+            "rapl_samples_dropped": self.rapl_dropped,
         }
         if self.samples[-1].gpus:
             out["gpu_util_mean"] = {"value": sum(g["util"] for s in self.samples for g in s.gpus) /

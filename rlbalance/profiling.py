@@ -8,7 +8,8 @@ profiler's own counts (matmul and convolution), so achieved FLOP/s is reported w
 
 from __future__ import annotations
 
-import json
+from .rundir import dumps as strict_dumps
+
 import time
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def profile_run(cfg, steps: int = 10) -> tuple[dict, Path]:
     cfg = replace(cfg, run=replace(cfg.run, mode="serial"))
     summary = train(cfg, after_run=after_run)
     run_dir = Path(summary["run_dir"])
-    (run_dir / "profile.json").write_text(json.dumps(captured, indent=2))
+    (run_dir / "profile.json").write_text(strict_dumps(captured, indent=2))
     from .report import write_report
 
     write_report(run_dir)

@@ -10,6 +10,8 @@ against power. Definitions are those of docs/design.md (after DESIGN.md section 
 
 from __future__ import annotations
 
+from .rundir import dumps as strict_dumps
+
 import csv
 import html
 import json
@@ -134,7 +136,7 @@ def write_outputs(a: dict, out: str | Path) -> Path:
         w.writeheader()
         for p in a["points"]:
             w.writerow({**p, "point": json.dumps(p["point"])})
-    (out / "ratio.json").write_text(json.dumps({k: v for k, v in a.items() if k != "points"}, indent=2))
+    (out / "ratio.json").write_text(strict_dumps({k: v for k, v in a.items() if k != "points"}, indent=2))
     imgs = "".join(f'<figure><img alt="{p.stem}" src="data:image/png;base64,'
                    f'{base64.b64encode(p.read_bytes()).decode()}"></figure>' for p in _plots(a, out))
     rows = "".join(f"<tr><td>{p['R']:g}</td><td>{html.escape(json.dumps(p['point']))}</td><td>{p['fps']:,.0f}</td>"

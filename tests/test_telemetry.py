@@ -91,6 +91,7 @@ def test_gpu_and_rapl_paths_with_faked_readers():
                               nvml_factory=FakeNvml)
     sampler.start()
     for _ in range(3):
+        time.sleep(0.02)  # 5 J in 20 ms is 250 W: a physical figure (the sampler drops impossible ones)
         sampler.sample()
     sampler.stop()
     summary = sampler.summary()
@@ -128,3 +129,24 @@ def test_sustained_rate_leaves_out_process_start_up(tmp_path):
     sps = log.sustained_sps(2000)
     assert 2000 < sps < 5001, sps  # 1000 steps over ~0.2 s; with start-up counted it would be ~1,700
     log.close()
+
+
+def test_rapl_wrap_uses_the_counters_own_range_and_impossible_figures_are_dropped():
+    from rlbalance.hardware import rapl_delta_uj
+
+    wrap = 262_143_328_850  # a real max_energy_range_uj (about 2^38 uJ)
+    assert rapl_delta_uj(1_000_000, wrap - 4_000_000, wrap) == 5_000_000  # 5 J across the wrap
+    assert rapl_delta_uj(1_000_000, 2_000_000, None) is None  # backwards with no known range: untrusted
+    readings = iter([wrap - 2_000_000, 3_000_000, 3_000_000 + 10**12, 3_000_000 + 10**12 + 5_000_000])
+    sampler = HardwareSampler(interval_s=3600, model=PowerModel(), rapl_reader=lambda: {"pkg": next(readings)},
+                              rapl_range_reader=lambda: {"pkg": wrap}, nvml_factory=lambda: None)
+    sampler.start()
+    samples = []
+    for _ in range(3):
+        time.sleep(0.02)
+        samples.append(sampler.sample())
+    sampler.stop()
+    assert samples[0].cpu_power_source == "measured" and 0 < samples[0].cpu_power_w < 1000 * 1e6  # wrap handled
+    assert samples[1].cpu_power_source == "modeled"  # a million joules in a moment: dropped, not "measured"
+    assert samples[2].cpu_power_source == "measured"
+    assert sampler.summary()["rapl_samples_dropped"] == 1

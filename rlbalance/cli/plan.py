@@ -10,6 +10,8 @@ Every figure is modeled; --validate compares the model with measured sweep point
 
 from __future__ import annotations
 
+from ..rundir import dumps as strict_dumps
+
 import argparse
 import json
 
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(results, indent=2, default=str))
+        (out / "plan.json").write_text(strict_dumps(results, indent=2))
         import matplotlib
 
         matplotlib.use("Agg")
