@@ -137,6 +137,9 @@ def _register_ale() -> None:
 
 def make_single(cfg: EnvConfig, seed: int) -> gym.Env:
     """One gymnasium env with the preprocessing its family needs."""
+    from .pixel_envs import register
+
+    register()
     if cfg.is_atari:
         _register_ale()
         kwargs = dict(frameskip=1, repeat_action_probability=cfg.sticky_actions, full_action_space=False)
@@ -163,6 +166,9 @@ def _check_id(cfg: EnvConfig) -> None:
         return
     if cfg.is_atari:
         _register_ale()
+    from .pixel_envs import register
+
+    register()
     if cfg.id not in gym.registry:
         close = [k for k in gym.registry if cfg.id.lower().split("-")[0].split("/")[-1] in k.lower()][:5]
         hint = f" (did you mean one of {close}?)" if close else ""
