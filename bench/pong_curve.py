@@ -4,7 +4,8 @@ wall time, the frames and minutes to pass -15 and +18, and the final policy's we
 
 ``run_curve`` trains and then calls ``write_curve``; ``write_curve`` alone turns any finished (or
 interrupted) run directory into the same files, so a run started with ``rlbalance train`` can be
-reported the same way. Writes pong-curve.json, .csv, .png and pong-policy.pt (model weights only).
+reported the same way. Writes pong-curve.json, .csv, .png and ``policy/`` (the run's config and its final model weights, no
+optimizer state), which ``rlbalance eval`` plays like any run directory.
 """
 
 from __future__ import annotations
@@ -84,11 +85,22 @@ def write_curve(run: Path, out: Path) -> dict:
     (out / "pong-curve.csv").write_text("frames,wall_s,mean_return_last100,entropy,policy_lag\n" + "".join(
         f"{r['frames']},{r['wall_s']:.1f},{_csv(r['return'])},{_csv(r['entropy'])},{_csv(r['policy_lag'])}\n"
         for r in rows))
-    ckpts = sorted(run.glob("ckpt-*.pt"))
-    if ckpts:  # the final policy, model weights only (a few MB), for `rlbalance eval`
+    ckpts = sorted((run / "checkpoints").glob("ckpt-*.pt"))
+    if ckpts:  # the final policy as a minimal run directory (config + model-only checkpoint) for `rlbalance eval`
+        from rlbalance.rundir import CHECKPOINT_FORMAT, atomic_write_json
+
         state = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
-        torch.save({"model": state["model"], "steps": state["steps"], "updates": state["updates"],
-                    "config": cfg}, out / "pong-policy.pt")
+        policy = out / "policy"
+        (policy / "checkpoints").mkdir(parents=True, exist_ok=True)
+        for old in (policy / "checkpoints").glob("ckpt-*.pt"):
+            old.unlink()
+        atomic_write_json(policy / "config.json", cfg)
+        name = ckpts[-1].name
+        torch.save({"format": CHECKPOINT_FORMAT, "model": state["model"], "steps": state["steps"],
+                    "updates": state["updates"], "identity": state.get("identity")}, policy / "checkpoints" / name)
+        (policy / "checkpoints" / "latest").write_text(name)
+        result["policy_dir"] = str(policy)
+        (out / "pong-curve.json").write_text(json.dumps(result, indent=1, allow_nan=False))
     _plot(rows, result, out / "pong-curve.png")
     return {k: v for k, v in result.items() if k not in ("curve", "learner", "actors", "env_config")}
 

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             from rlbalance.config import ConfigError
 
             raise ConfigError(f"--workloads: unknown workload {w!r}; choose from {sorted(WORKLOADS)}")
-        steps = args.steps or (500_000 if w != "pong" else 25_000)
+        steps = args.steps or (25_000 if w.startswith("pong") else 500_000)
         results.append(run_workload(w, counts, steps, args.seconds, out))
     print(f"wrote {write_results(results, out)}")
     return 0
