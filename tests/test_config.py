@@ -89,3 +89,37 @@ def test_loader_either_builds_or_names_the_field(section, value):
             assert isinstance(cfg, C.Config)
             with pytest.raises(dataclasses.FrozenInstanceError):
                 setattr(getattr(cfg, section), f.name, value)
+
+
+def test_presets_sit_between_defaults_and_file_and_command_line(tmp_path):
+    from rlbalance.presets import PRESETS
+
+    atari = PRESETS["atari"]["learner"]
+    cfg = C.build({"env": {"id": "ALE/Pong-v5"}})
+    assert cfg.run.preset == "atari"
+    assert cfg.learner.learning_rate == atari["learning_rate"] and cfg.learner.epochs == atari["epochs"]
+    f = tmp_path / "c.toml"
+    f.write_text('[env]\nid = "ALE/Pong-v5"\n[learner]\nlearning_rate = 0.001\nepochs = 3\n')
+    cfg = C.load(str(f), {"learner": {"epochs": "1"}})
+    assert cfg.learner.learning_rate == 0.001  # the file beats the preset
+    assert cfg.learner.epochs == 1  # the command line beats the file
+    assert cfg.learner.ppo_clip == atari["ppo_clip"]  # the preset beats the default
+    bare = C.build({"env": {"id": "ALE/Pong-v5"}, "run": {"preset": "none"}})
+    assert bare.run.preset == "none" and bare.learner.epochs == 1 and bare.learner.learning_rate == 1e-3
+    assert C.build({}).run.preset == "classic"
+    # config.json round trip keeps the values and names the preset used
+    again = C.from_dict(C.build({"env": {"id": "ALE/Pong-v5"}, "learner": {"epochs": 5}}).to_dict())
+    assert again.run.preset == "atari" and again.learner.epochs == 5
+    with pytest.raises(C.ConfigError, match="run.preset"):
+        C.build({"run": {"preset": "mujoco"}})
+
+
+def test_learner_update_options_are_checked():
+    with pytest.raises(C.ConfigError, match="learner.minibatches"):
+        C.build({"learner": {"batch_size": 16, "minibatches": 3}})
+    with pytest.raises(C.ConfigError, match="learner.ppo_clip"):
+        C.build({"learner": {"ppo_clip": 1.5}})
+    with pytest.raises(C.ConfigError, match="learner.devices"):
+        C.build({"learner": {"devices": 2, "epochs": 2}})
+    with pytest.raises(C.ConfigError, match="run.name"):
+        C.build({"run": {"name": "../escape"}})

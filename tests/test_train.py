@@ -64,7 +64,7 @@ def test_pong_trains_end_to_end_on_two_actors(cfg_factory):
     s = train(cfg_factory(env={"id": "ALE/Pong-v5"}, actors={"num_actors": 2, "envs_per_actor": 2},
                           learner={"batch_size": 4, "unroll_length": 10, "reward_clip": 1.0},
                           run={"total_steps": 600, "name": "pong"}, telemetry={"tensorboard": False}))
-    assert s["model"] == "nature_cnn"
+    assert s["model"] == "nature_cnn" and s["preset"] == "atari"
     assert s["steps"] >= 600 and s["frames"] == 4 * s["steps"]
     recs = _records(s["run_dir"])
     assert all(torch.isfinite(torch.tensor(r["loss/total_loss"])) for r in recs if "loss/total_loss" in r)

@@ -1,0 +1,98 @@
+"""The learner's update options against known answers: V-trace lambda against a slow reference, PPO's
+clipped surrogate (APPO) against the V-trace policy gradient on-policy, and epochs x minibatches."""
+
+import copy
+
+import numpy as np
+import torch
+
+from rlbalance import config as C
+from rlbalance.envs import EnvSpec
+from rlbalance.learner import Learner
+from rlbalance.model import build_model
+from rlbalance.vtrace import vtrace
+
+
+def reference_vtrace_lambda(log_rhos, discounts, rewards, values, bootstrap, lam):
+    """IMPALA remark 2: v_s = V(x_s) + sum_t gamma^{t-s} (prod_{i<t} lam c_i) rho_t delta_t, one s at a time."""
+    T, N = rewards.shape
+    rhos = np.exp(log_rhos)
+    ext = np.concatenate([values, bootstrap[None]], axis=0)
+    vs = np.zeros((T, N))
+    for n in range(N):
+        for s in range(T):
+            total, coef = values[s, n], 1.0
+            for t in range(s, T):
+                total += coef * min(1.0, rhos[t, n]) * (rewards[t, n] + discounts[t, n] * ext[t + 1, n] - ext[t, n])
+                coef *= discounts[t, n] * lam * min(1.0, rhos[t, n])
+            vs[s, n] = total
+    return vs
+
+
+def test_vtrace_lambda_matches_reference():
+    rng = np.random.default_rng(3)
+    T, N = 6, 4
+    case = (rng.normal(0, 0.5, (T, N)), 0.95 * (rng.random((T, N)) > 0.2), rng.normal(size=(T, N)),
+            rng.normal(size=(T, N)), rng.normal(size=N))
+    for lam in (1.0, 0.95, 0.5):
+        out = vtrace(*(torch.tensor(x, dtype=torch.float64) for x in case), lambda_=lam)
+        np.testing.assert_allclose(out.vs.numpy(), reference_vtrace_lambda(*case, lam), rtol=1e-10, atol=1e-10)
+
+
+def _batch(t=5, n=8, seed=1, on_policy_model=None):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(t + 1, n, 4, generator=g)
+    logits = torch.randn(t + 1, n, 2, generator=g)
+    if on_policy_model is not None:
+        with torch.no_grad():
+            logits = on_policy_model(obs.reshape(-1, 4))[0].reshape(t + 1, n, 2)
+    return {"obs": obs, "action": torch.randint(0, 2, (t + 1, n), generator=g), "logits": logits,
+            "reward": torch.randn(t + 1, n, generator=g), "done": torch.rand(t + 1, n, generator=g) < 0.2,
+            "truncated": torch.zeros(t + 1, n, dtype=torch.bool), "final_obs": torch.zeros(t + 1, n, 4),
+            "version": torch.zeros(2, dtype=torch.int64)}
+
+
+def test_clipped_surrogate_on_policy_makes_the_vtrace_policy_gradient_step():
+    """On-policy (behaviour logits = the model's), PPO's ratio is 1 and its gradient is the V-trace policy
+    gradient's, so one APPO step equals one V-trace step."""
+    spec = EnvSpec((4,), np.dtype(np.float32), 2, 1)
+    torch.manual_seed(0)
+    model = build_model(C.LearnerConfig(), spec)
+    batch = _batch(on_policy_model=model)
+    learners = []
+    for clip in (0.0, 0.2):
+        cfg = C.LearnerConfig(ppo_clip=clip, batch_size=8, normalize_advantages=True, lr_schedule="constant")
+        learners.append(Learner(copy.deepcopy(model), cfg, torch.device("cpu"), total_steps=10**6))
+    stats = [lr.train(batch) for lr in learners]
+    assert stats[1]["clip_fraction"] == 0.0
+    for p1, p2 in zip(learners[0].model.parameters(), learners[1].model.parameters()):
+        assert torch.allclose(p1, p2, atol=1e-6)
+
+
+def test_epochs_and_minibatches_take_that_many_optimizer_steps_on_whole_unrolls():
+    spec = EnvSpec((4,), np.dtype(np.float32), 2, 1)
+    model = build_model(C.LearnerConfig(), spec)
+    cfg = C.LearnerConfig(ppo_clip=0.1, epochs=3, minibatches=4, batch_size=8, lr_schedule="constant")
+    learner = Learner(copy.deepcopy(model), cfg, torch.device("cpu"), total_steps=10**6)
+    calls = []
+    real_step = learner.optimizer.step
+
+    def step(*a, **k):
+        calls.append(1)
+        return real_step(*a, **k)
+
+    learner.optimizer.step = step
+    seen = []
+    real_loss = learner.loss
+
+    def loss(b, model=None, targets=None):
+        seen.append((b["action"].shape, targets is None))
+        return real_loss(b, model, targets)
+
+    learner.loss = loss
+    stats = learner.train(_batch(n=8))
+    assert len(calls) == 12  # 3 epochs x 4 minibatches
+    assert all(shape == (6, 2) for shape, _ in seen)  # whole unrolls (T+1 rows), 8 / 4 columns each
+    assert [fresh for _, fresh in seen] == [True] * 4 + [False] * 8  # targets from the first pass, then reused
+    assert 0.0 <= stats["clip_fraction"] <= 1.0
+    assert learner.steps == 5 * 8  # env steps count once, however many passes
