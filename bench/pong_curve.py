@@ -76,7 +76,7 @@ def write_curve(run: Path, out: Path) -> dict:
         "final_return_last100": with_return[-1]["return"] if with_return else None,
         "best_return_last100": max((row["return"] for row in with_return), default=None),
         "milestones": milestones, "fps_median": sorted(fps)[len(fps) // 2] if fps else None,
-        "outcome": summary.get("outcome", "unfinished"), "run_dir": str(run),
+        "outcome": summary.get("outcome", "unfinished"), "run_dir": run.name,
         "learner": cfg["learner"], "actors": cfg["actors"], "env_config": cfg["env"],
         "curve": rows,
     }
@@ -94,7 +94,7 @@ def write_curve(run: Path, out: Path) -> dict:
         (policy / "checkpoints").mkdir(parents=True, exist_ok=True)
         for old in (policy / "checkpoints").glob("ckpt-*.pt"):
             old.unlink()
-        atomic_write_json(policy / "config.json", cfg)
+        atomic_write_json(policy / "config.json", {**cfg, "run": {**cfg["run"], "out_dir": "runs"}})  # no host path
         name = ckpts[-1].name
         torch.save({"format": CHECKPOINT_FORMAT, "model": state["model"], "steps": state["steps"],
                     "updates": state["updates"], "identity": state.get("identity")}, policy / "checkpoints" / name)
