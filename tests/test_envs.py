@@ -93,3 +93,29 @@ def test_envpool_backend_same_step_autoreset():
             ends += int(r.done.sum())
     assert ends > 0
     envs.close()
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
+def test_pong_unrolls_line_up(backend):
+    """What the learner sees on Pong: in each unroll, the frame stack moves on by exactly one frame per step
+    (no episode ends this early), and the next unroll starts where the last one stopped."""
+    from rlbalance.actor import DirectPolicy, Rollout
+    from rlbalance.buffers import RolloutBuffers
+    from rlbalance.envs import EnvBatch
+
+    cfg = C.build({"env": {"id": "ALE/Pong-v5", "backend": backend}})
+    envs = EnvBatch(cfg.env, 2, 0)
+    rng = np.random.default_rng(0)
+    rollout = Rollout(envs, DirectPolicy(lambda o: (rng.integers(0, 6, len(o)), np.zeros((len(o), 6), np.float32)),
+                                         lambda: 0))
+    bufs = RolloutBuffers.allocate(2, 30, 2, envs.spec, shared=False)
+    for j in range(2):
+        rollout.fill(bufs.view(j))
+    envs.close()
+    obs = bufs.obs.numpy()
+    assert not bufs.done.any()
+    for j in range(2):
+        for t in range(30):
+            assert np.array_equal(obs[j, t + 1, :, :3], obs[j, t, :, 1:])  # [K, stack, H, W]
+    assert np.array_equal(obs[0, 30], obs[1, 0])
+    assert obs.std(axis=(0, 1, 2)).max() > 0  # frames change
