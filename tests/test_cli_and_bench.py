@@ -1,6 +1,7 @@
 """CLI entry points and the benchmark on tiny budgets (smoke tests: they run the real code)."""
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -73,3 +74,26 @@ def test_seeds_bench_tiny(tmp_path, capsys):
     assert "--modes" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     assert main(["bench", "seeds", "--set", "learner.max_grad_norm=-1", "--out", str(tmp_path / "bad")]) == 2
     assert "learner.max_grad_norm" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def _refuse(name):
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def test_pong_curve_files_from_a_run(cfg_factory, tmp_path):
+    """bench pong-curve --from-run: curve files in strict JSON with milestones, and the final policy as a
+    run directory that rlbalance eval plays (a short synthetic run stands in for Pong)."""
+    from bench.pong_curve import write_curve
+    from rlbalance.cli import main as cli_main
+    from rlbalance.train import train
+
+    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0, "synthetic_episode_len": 20},
+                          run={"total_steps": 6_000, "name": "curve"}, telemetry={"tensorboard": False,
+                                                                                   "log_interval_s": 0.2}))
+    out = tmp_path / "curve-out"
+    r = write_curve(Path(s["run_dir"]), out)
+    doc = json.loads((out / "pong-curve.json").read_text(), parse_constant=_refuse)
+    assert doc["frames"] == s["frames"] and doc["run_dir"] == "curve" and set(doc["milestones"]) == {"-15", "+18"}
+    assert (out / "pong-curve.png").stat().st_size > 0 and (out / "pong-curve.csv").read_text().count("\n") > 2
+    assert r["outcome"] == "completed"
+    assert cli_main(["eval", str(out / "policy"), "--episodes", "2", "--envs", "2"]) == 0
