@@ -136,10 +136,7 @@ def _register_ale() -> None:
 
 
 def make_single(cfg: EnvConfig, seed: int) -> gym.Env:
-    """One gymnasium env with the preprocessing its family needs."""
-    from .pixel_envs import register
-
-    register()
+    """One gymnasium env with the preprocessing its family needs (its id checked, and registered, by _check_id)."""
     if cfg.is_atari:
         _register_ale()
         kwargs = dict(frameskip=1, repeat_action_probability=cfg.sticky_actions, full_action_space=False)

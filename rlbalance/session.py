@@ -22,6 +22,12 @@ from .timing import StageTimer
 from .verdict import decide
 
 
+def checkpoint_identity(cfg: Config, spec: EnvSpec) -> dict:
+    """What a checkpoint belongs to: written into every checkpoint, checked before one is loaded."""
+    return {"env": cfg.env.id, "obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
+            "num_actions": spec.num_actions, "model": resolve_model(cfg.learner, spec)}
+
+
 class RoleShares:
     """Cumulative stage seconds per role (after warm-up), and the shares they make of each role's time."""
 
@@ -165,8 +171,6 @@ class Session:
         return rec
 
     def checkpoint(self) -> Path:
-        from .train import checkpoint_identity
-
         self.last_ckpt = time.perf_counter()
         state = self.learner.state_dict()
         state.update(episodes_returns=list(self.episodes.returns), episodes_lengths=list(self.episodes.lengths),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import signal
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from .learner import Learner
 from .metrics import EpisodeStats
 from .model import build_model, resolve_device
 from .rundir import RunDir
-from .session import Session
+from .session import Session, checkpoint_identity
 
 
 def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> None:
@@ -166,8 +167,9 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         run = RunDir(Path(resume))
         run.lock()  # a run still going is refused before anything is read or written
         try:
-            state = run.load_checkpoint()
-            check_checkpoint_fits(state, cfg, spec, model, run.latest_checkpoint())
+            path = run.latest_checkpoint()
+            state = run.load_checkpoint(path)
+            check_checkpoint_fits(state, cfg, spec, model, path)
         except BaseException:
             run.unlock()
             raise
@@ -205,8 +207,6 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         run.unlock()
         raise
     # A second Ctrl-C or SIGTERM must not cut the final checkpoint and report short.
-    import signal
-
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -217,14 +217,6 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.default_int_handler)
     return summary
-
-
-def checkpoint_identity(cfg: Config, spec: EnvSpec) -> dict:
-    """What a checkpoint belongs to: written into every checkpoint, checked before one is loaded."""
-    from .model import resolve_model
-
-    return {"env": cfg.env.id, "obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
-            "num_actions": spec.num_actions, "model": resolve_model(cfg.learner, spec)}
 
 
 def check_checkpoint_fits(state: dict, cfg: Config, spec: EnvSpec, model: torch.nn.Module, path) -> None:
@@ -250,8 +242,6 @@ def check_checkpoint_fits(state: dict, cfg: Config, spec: EnvSpec, model: torch.
 
 def _sigterm_as_interrupt():
     """SIGTERM stops training like Ctrl-C: every process stopped, a final checkpoint written."""
-    import signal
-
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 

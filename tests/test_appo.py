@@ -1,5 +1,5 @@
-"""The learner's update options against known answers: V-trace lambda against a slow reference, PPO's
-clipped surrogate (APPO) against the V-trace policy gradient on-policy, and epochs x minibatches."""
+"""The learner's update options against known answers: PPO's clipped surrogate (APPO) against the V-trace
+policy gradient on-policy, and epochs x minibatches (V-trace lambda: tests/test_vtrace.py)."""
 
 import copy
 
@@ -10,33 +10,6 @@ from rlbalance import config as C
 from rlbalance.envs import EnvSpec
 from rlbalance.learner import Learner
 from rlbalance.model import build_model
-from rlbalance.vtrace import vtrace
-
-
-def reference_vtrace_lambda(log_rhos, discounts, rewards, values, bootstrap, lam):
-    """IMPALA remark 2: v_s = V(x_s) + sum_t gamma^{t-s} (prod_{i<t} lam c_i) rho_t delta_t, one s at a time."""
-    T, N = rewards.shape
-    rhos = np.exp(log_rhos)
-    ext = np.concatenate([values, bootstrap[None]], axis=0)
-    vs = np.zeros((T, N))
-    for n in range(N):
-        for s in range(T):
-            total, coef = values[s, n], 1.0
-            for t in range(s, T):
-                total += coef * min(1.0, rhos[t, n]) * (rewards[t, n] + discounts[t, n] * ext[t + 1, n] - ext[t, n])
-                coef *= discounts[t, n] * lam * min(1.0, rhos[t, n])
-            vs[s, n] = total
-    return vs
-
-
-def test_vtrace_lambda_matches_reference():
-    rng = np.random.default_rng(3)
-    T, N = 6, 4
-    case = (rng.normal(0, 0.5, (T, N)), 0.95 * (rng.random((T, N)) > 0.2), rng.normal(size=(T, N)),
-            rng.normal(size=(T, N)), rng.normal(size=N))
-    for lam in (1.0, 0.95, 0.5):
-        out = vtrace(*(torch.tensor(x, dtype=torch.float64) for x in case), lambda_=lam)
-        np.testing.assert_allclose(out.vs.numpy(), reference_vtrace_lambda(*case, lam), rtol=1e-10, atol=1e-10)
 
 
 def _batch(t=5, n=8, seed=1, on_policy_model=None):

@@ -6,7 +6,7 @@ import torch
 from rlbalance.vtrace import vtrace
 
 
-def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap, clip_rho, clip_c, clip_pg_rho):
+def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap, clip_rho, clip_c, clip_pg_rho, lam=1.0):
     """v_s = V(x_s) + sum_{t=s}^{s+n-1} gamma^{t-s} (prod_{i=s}^{t-1} c_i) delta_t V, one s at a time."""
     T, N = rewards.shape
     rhos = np.exp(log_rhos)
@@ -19,7 +19,7 @@ def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap, clip_rho, 
                 # gamma^{t-s} here is the product of per-step discounts, which encode episode ends.
                 coef = 1.0
                 for i in range(s, t):
-                    coef *= discounts[i, n] * min(clip_c, rhos[i, n])
+                    coef *= discounts[i, n] * lam * min(clip_c, rhos[i, n])  # lam: IMPALA remark 2
                 delta = min(clip_rho, rhos[t, n]) * (rewards[t, n] + discounts[t, n] * values_ext[t + 1, n]
                                                      - values_ext[t, n])
                 total += coef * delta
@@ -75,3 +75,12 @@ def test_episode_end_cuts_the_trace():
     assert out.vs[1, 0].item() == 2.0
     assert abs(out.vs[0, 0].item() - (1.0 + 0.9 * 2.0)) < 1e-12
 
+
+
+def test_vtrace_lambda_matches_reference():
+    for seed in range(3):
+        case = _random_case(seed)
+        for lam in (1.0, 0.95, 0.5):
+            ref_vs, _ = reference_vtrace(*case, 1.0, 1.0, 1.0, lam=lam)
+            out = vtrace(*(torch.tensor(x, dtype=torch.float64) for x in case), lambda_=lam)
+            np.testing.assert_allclose(out.vs.numpy(), ref_vs, rtol=1e-10, atol=1e-10)
