@@ -87,8 +87,8 @@ def test_pong_curve_files_from_a_run(cfg_factory, tmp_path):
     from rlbalance.cli import main as cli_main
     from rlbalance.train import train
 
-    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0, "synthetic_episode_len": 20},
-                          run={"total_steps": 6_000, "name": "curve"}, telemetry={"tensorboard": False,
+    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 50.0, "synthetic_episode_len": 20},
+                          run={"total_steps": 30_000, "name": "curve"}, telemetry={"tensorboard": False,
                                                                                    "log_interval_s": 0.2}))
     out = tmp_path / "curve-out"
     r = write_curve(Path(s["run_dir"]), out)
