@@ -258,6 +258,8 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
     g = cfg.actors.env_groups
     clients = [actor_id * g + i for i in range(g)]
     init_process(1, actor_cpus(cfg, actor_id), client_seed(cfg, clients[0]) + 7919 * incarnation)
+    if os.environ.get(FAULT_INJECTION_ENV) == "1":  # rlbalance bench chaos: SIGUSR1 is a crash at a random point
+        signal.signal(signal.SIGUSR1, _injected_crash)
     timer = StageTimer(cfg.telemetry.stage_timers)
     heartbeat = sh.heartbeat.numpy()
     heartbeat[actor_id] = time.monotonic()
@@ -304,6 +306,17 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
 
 class _Stopped(Exception):
     pass
+
+
+FAULT_INJECTION_ENV = "RLBALANCE_FAULT_INJECTION"
+
+
+class InjectedCrash(RuntimeError):
+    """An actor crash injected on purpose (``rlbalance bench chaos`` sends SIGUSR1)."""
+
+
+def _injected_crash(signum, frame) -> None:
+    raise InjectedCrash("crash injected by rlbalance bench chaos (SIGUSR1)")
 
 
 def _check_parent() -> None:

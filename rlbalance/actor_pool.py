@@ -102,10 +102,11 @@ class ActorPool:
                     del self._awaiting[i]
                 elif p.is_alive() and now - t_restart < max(timeout, START_TIMEOUT_S):
                     continue
+                # else the new process died too, or never stepped in its start-up time: restart it again
             dead = not p.is_alive()
             # a process that has not stepped yet is starting (imports, envs), not hung: it gets longer
             limit = timeout if beat > self.started[i] else max(timeout, START_TIMEOUT_S)
-            hung = not dead and now - beat > limit and i not in self._awaiting
+            hung = not dead and now - beat > limit
             if not (dead or hung):
                 continue
             reason = f"exited with code {p.exitcode}" if dead else f"silent for {now - beat:.1f} s (hung)"
@@ -176,18 +177,19 @@ class ActorPool:
         """The ``nb`` oldest full buffers; ``while_waiting()`` (the health check) runs every half second
         without enough of them."""
         last = since = time.monotonic()
-        have = len(self.full)
+        have, restarts = len(self.full), self.restarts
         # No actor fault can block the others now, but the learner still ends any stall it cannot explain.
         limit = 2 * max(self.cfg.actors.heartbeat_timeout_s, START_TIMEOUT_S)
         while len(self.full) < nb:
             self.receive(0.5)
             now = time.monotonic()
             if len(self.full) > have:
-                have, since = len(self.full), now
+                have, since, restarts = len(self.full), now, self.restarts
             elif now - since > limit:
-                raise ActorFailure(f"no unroll arrived for {now - since:.0f} s while every actor looked alive "
-                                   f"({len(self.full)} of {nb} buffers for the next batch); stopping rather than "
-                                   "waiting forever")
+                why = (f"while actors were restarted {self.restarts - restarts} times (they fail faster than "
+                       "they make an unroll)" if self.restarts > restarts else "while every actor looked alive")
+                raise ActorFailure(f"no unroll arrived for {now - since:.0f} s {why} ({len(self.full)} of {nb} "
+                                   "buffers for the next batch); stopping rather than waiting forever")
             if now - last >= 0.5:
                 while_waiting()
                 last = time.monotonic()
@@ -220,6 +222,9 @@ class ActorPool:
         for p in self.procs:
             if p is not None and p.is_alive():
                 p.terminate()
+                p.join(timeout=2)
+            if p is not None and p.is_alive():  # a stopped (SIGSTOP) or wedged actor ignores SIGTERM
+                p.kill()
                 p.join(timeout=2)
         for i, c in enumerate(self.ctl):
             if c is not None:

@@ -319,3 +319,91 @@ def test_exit_codes_are_distinct(tmp_path):
     s = json.load(open(tmp_path / "nan" / "summary.json"))
     assert s["outcome"] == "failed" and "environment returned NaN" in s["error"]
     # interrupted (130): test_sigint_stops_everything_and_checkpoints in test_train.py
+
+
+def test_restarted_actor_that_never_steps_is_restarted_again(cfg_factory, monkeypatch):
+    """An actor restarted after a fault and then stopped (SIGSTOP) before its first step is restarted once
+    its start-up time is over, instead of being waited on forever."""
+    from rlbalance import actor_pool
+    from rlbalance.session import Session
+
+    monkeypatch.setattr(actor_pool, "START_TIMEOUT_S", 15.0)  # the default 60 s would make the test long
+    stopped: list[int] = []
+    original_done = Session.done
+
+    def done(self):
+        pool = self.actor_pool
+        if pool is not None and not stopped and pool.restarts == 1 and 0 in pool._awaiting:
+            pid = pool.procs[0].pid  # actor 0's second life, not stepped yet
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        return original_done(self) and pool is not None and pool.restarts >= 2
+
+    monkeypatch.setattr(Session, "done", done)
+    try:
+        s = train(cfg_factory(env={**SYN, "synthetic_fault": "kill:300"},
+                              actors={"heartbeat_timeout_s": 3.0, "max_restarts": 5},
+                              run={"total_steps": 60_000, "name": "stopped-restart"},
+                              telemetry={"tensorboard": False}))
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert stopped, "actor 0 was not caught between its restart and its first step"
+    assert s["outcome"] == "completed"
+    assert s["actor_restarts"] >= 2, s["actor_faults"]
+    assert any(f["actor"] == 0 and "hung" in f["reason"] for f in s["actor_faults"][1:]), s["actor_faults"]
+    assert stopped[0] not in _actor_pids()
+
+
+def test_run_end_kills_an_actor_that_ignores_sigterm(cfg_factory, monkeypatch):
+    """An actor stopped (SIGSTOP) when the run ends cannot act on SIGTERM: the learner kills it rather than
+    leave it behind (or hang in multiprocessing's exit-time join)."""
+    from rlbalance.session import Session
+
+    stopped: list[int] = []
+    original_done = Session.done
+
+    def done(self):
+        finished = original_done(self)
+        if finished and not stopped and self.actor_pool is not None:
+            pid = self.actor_pool.procs[1].pid
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        return finished
+
+    monkeypatch.setattr(Session, "done", done)
+    try:
+        s = train(cfg_factory(env=SYN, actors={"heartbeat_timeout_s": 60.0},
+                              run={"total_steps": 30_000, "name": "stopped-at-end"},
+                              telemetry={"tensorboard": False}))
+        left = _actor_pids()
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert stopped and s["outcome"] == "completed"
+    assert stopped[0] not in left and not left
+
+
+def test_chaos_bench_short(tmp_path, capsys):
+    """`rlbalance bench chaos`, short: actors killed, hung and crashed at random, the learner killed with
+    SIGKILL and resumed; the run ends, nothing is lost or leaked, and the report files are written."""
+    from rlbalance.cli import main
+
+    out = tmp_path / "chaos"
+    rc = main(["bench", "chaos", "--minutes", "0.6", "--fault-every", "5", "--seed", "3", "--out", str(out)])
+    r = _strict_json((out / "chaos.json").read_text())
+    assert rc == 0 and r["ok"], json.dumps({k: v for k, v in r.items() if k not in ("curve", "baseline")})
+    assert not r["hang"] and not r["processes_leaked"] and not r["shm_files_leaked"]
+    assert r["faults"]["learner_kill"] == 1 and sum(r["faults"].values()) >= 2
+    assert sum(r["faults"][k] for k in ("kill", "hang", "crash")) >= 1 and r["actor_restarts"] >= 1
+    assert [s["exit_code"] for s in r["sessions"]] == [-signal.SIGKILL, 0]
+    assert r["checks"]["resume"]["ok"] and r["checks"]["metrics"]["sessions"] == [0, 1]
+    assert r["baseline"]["exit_code"] == 0 and r["baseline"]["steps"] > 0
+    assert (out / "chaos.png").stat().st_size > 0 and "passed" in (out / "chaos.md").read_text()
+    assert "chaos: passed" in capsys.readouterr().out

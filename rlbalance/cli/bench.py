@@ -7,6 +7,7 @@
   rlbalance bench telemetry-overhead           # FPS with telemetry on against off, alternating runs
   rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
   rlbalance bench soak --minutes 30            # memory flat and FPS steady over a long run
+  rlbalance bench chaos --minutes 30           # actors killed, hung and crashed, the learner killed and resumed
   rlbalance bench planner                      # calibrate, sweep, and the model's error on held-out points
   rlbalance bench ray                          # Ray actors against shared-memory actors, overhead per step
   rlbalance bench seeds --seeds 8              # CartPole learning over seeds with the default config
@@ -21,7 +22,7 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=["trainer", "pong-curve", "telemetry-overhead", "sweep", "soak",
-                                         "planner", "ray", "seeds"],
+                                         "chaos", "planner", "ray", "seeds"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
@@ -31,15 +32,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 500k CartPole, 25k Pong); seeds: env steps per run (default 500k)")
     p.add_argument("--seconds", type=float, default=5.0, help="trainer: seconds per ceiling measurement")
     p.add_argument("--frames", type=int, default=10_000_000, help="pong-curve: frames to train")
-    p.add_argument("--seed", type=int, default=1, help="pong-curve: run.seed")
+    p.add_argument("--seed", type=int, default=1, help="pong-curve, chaos: run.seed (chaos: and the fault schedule)")
+    p.add_argument("--fault-every", type=float, default=0.0, help="chaos: mean seconds between injected faults "
+                   "(default: a 90th of the run)")
     p.add_argument("--from-run", metavar="RUN_DIR", help="pong-curve: write the curve files of an existing run "
                    "directory instead of training")
     p.add_argument("--repeats", type=int, default=4, help="telemetry-overhead: runs each way")
-    p.add_argument("--minutes", type=float, default=30.0, help="soak: length of the run")
+    p.add_argument("--minutes", type=float, default=30.0, help="soak, chaos: minutes of training")
     p.add_argument("--seeds", type=int, default=8, help="seeds: runs per mode (seeds 0..N-1)")
     p.add_argument("--modes", default="central", help="seeds: comma-separated inference modes (central, actor)")
     p.add_argument("--set", metavar="SECTION.FIELD=VALUE", action="append", default=[],
-                   help="seeds, pong-curve: a config override on top of the defaults, e.g. --set learner.max_grad_norm=2 "
+                   help="seeds, pong-curve, chaos: a config override on top of the defaults, e.g. --set learner.max_grad_norm=2 "
                    "(repeatable)")
 
 
@@ -70,6 +73,15 @@ def run(args: argparse.Namespace) -> int:
         r = run_soak(args.minutes * 60, out, warmup_s=min(120.0, args.minutes * 60 / 4))
         print(f"soak: RSS growth {r['rss_growth']:+.1%}, FPS per-minute CV {r['fps_cv']}; wrote {out / 'soak.md'}")
         return 0
+    if args.name == "chaos":
+        from bench.chaos import run_chaos
+
+        extra = C.parse_set(args.set)
+        C.build(extra)  # a bad override fails here, naming the field, before any run
+        r = run_chaos(args.minutes, out, seed=args.seed, fault_every_s=args.fault_every or None,
+                      extra=[a for kv in args.set for a in ("--set", kv)])
+        print(f"chaos: {'passed' if r['ok'] else 'FAILED'}; faults {r['faults']}; wrote {out / 'chaos.md'}")
+        return 0 if r["ok"] else 1
     if args.name == "sweep":
         from bench.sweep_bench import run_bench_sweep
 
