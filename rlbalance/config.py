@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 
 class ConfigError(ValueError):

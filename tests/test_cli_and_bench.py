@@ -97,3 +97,18 @@ def test_pong_curve_files_from_a_run(cfg_factory, tmp_path):
     assert (out / "pong-curve.png").stat().st_size > 0 and (out / "pong-curve.csv").read_text().count("\n") > 2
     assert r["outcome"] == "completed"
     assert cli_main(["eval", str(out / "policy"), "--episodes", "2", "--envs", "2"]) == 0
+
+
+def test_version(capsys):
+    import re
+
+    import pytest
+
+    import rlbalance
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"rlbalance {rlbalance.__version__}"
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == rlbalance.__version__

@@ -29,7 +29,13 @@ EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: a started run wrote its final check
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlbalance", description=__doc__)
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="rlbalance", description="Train RL agents SEED-style on CPU-GPU machines, and measure and balance "
+        "the machine: where the time goes, the bottleneck, and the best actor cores per accelerator.",
+        epilog="rlbalance COMMAND --help describes a command's options.")
+    parser.add_argument("--version", action="version", version=f"rlbalance {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, help_text in SUBCOMMANDS.items():
