@@ -485,6 +485,7 @@ def parse_set(items: list[str]) -> dict[str, dict[str, Any]]:
     for item in items:
         key, sep, value = item.partition("=")
         sec, dot, name = key.partition(".")
+        name = name.replace("-", "_")  # learner.batch-size is learner.batch_size
         if not sep or not dot:
             raise ConfigError(f"--set {item!r}: expected section.field=value, e.g. env.id=CartPole-v1")
         out.setdefault(sec, {})[name] = value

@@ -112,3 +112,50 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"rlbalance {rlbalance.__version__}"
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == rlbalance.__version__
+
+
+def _help(capsys, *argv):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return capsys.readouterr().out
+
+
+def test_help_shows_one_default_typed_values_and_examples_as_written(capsys):
+    import re
+
+    from rlbalance.cli import SUBCOMMANDS
+
+    for cmd in SUBCOMMANDS:
+        text = _help(capsys, cmd)
+        assert "(default: None)" not in text, cmd
+        assert not re.search(r"--\w+\.\w+ V\b", text), cmd  # every config field says what it takes
+        # one default per option: split the options part into one block per option
+        blocks = re.split(r"\n  (?=-)", text.split("options:", 1)[-1])
+        for b in blocks:
+            assert len(re.findall(r"\(default: ", b)) <= 1, (cmd, b)
+    train = _help(capsys, "train")
+    assert "--env.backend {gymnasium,envpool}" in train and "--run.total_steps INT" in train
+    assert "--learner.hidden_sizes INT,..." in train and "--telemetry.tensorboard {true,false}" in train
+    assert "(default: 'CartPole-v1')" in train
+    bench = _help(capsys, "bench")  # the examples keep their lines
+    assert "\n  rlbalance bench trainer                      # CartPole and Pong" in bench
+
+
+def test_dashes_and_underscores_both_work_in_field_names():
+    from rlbalance.cli.options import cli_overrides, normalize_option
+    from rlbalance import config as C
+
+    assert normalize_option("--run.total-steps") == "--run.total_steps"
+    assert normalize_option("--run.name=my-run") == "--run.name=my-run"  # a value keeps its dashes
+    assert normalize_option("--from-run") == "--from-run"  # plain options are left alone
+    assert C.parse_set(["learner.batch-size=8"]) == {"learner": {"batch_size": "8"}}
+    import argparse
+
+    from rlbalance.cli.options import add_config_arguments
+
+    p = argparse.ArgumentParser()
+    add_config_arguments(p)
+    args = p.parse_args([normalize_option(a) for a in ["--run.total-steps", "1000", "--learner.batch-size=8"]])
+    assert cli_overrides(args) == {"run": {"total_steps": "1000"}, "learner": {"batch_size": "8"}}

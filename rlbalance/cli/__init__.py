@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from ..config import ConfigError
+from .options import HelpFormatter, normalize_option
 
 SUBCOMMANDS = {
     "train": "Train an agent (SEED-style central inference or IMPALA-style actor inference).",
@@ -40,11 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     modules = {}
     for name, help_text in SUBCOMMANDS.items():
         mod = importlib.import_module(f"rlbalance.cli.{name}")
-        p = sub.add_parser(name, help=help_text, description=mod.__doc__,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p = sub.add_parser(name, help=help_text, description=mod.__doc__, formatter_class=HelpFormatter)
         mod.add_arguments(p)
         modules[name] = mod
-    args = parser.parse_args(argv)
+    args = parser.parse_args([normalize_option(a) for a in (sys.argv[1:] if argv is None else argv)])
     from ..actor_pool import ActorFailure
     from ..learner import NonFiniteLossError
     from ..rundir import DiskWriteError

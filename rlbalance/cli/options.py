@@ -3,8 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import typing
 
 from .. import config as C
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions and examples kept as written; an option's default shown once, and only if it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, argparse.SUPPRESS, []) or "default" in text or action.default is False:
+            return text
+        return super()._get_help_string(action)
+
+
+def _choices() -> dict[tuple[str, str], tuple[str, ...]]:
+    from ..presets import PRESET_NAMES
+
+    return {("env", "backend"): C.ENV_BACKENDS, ("env", "synthetic_cost"): ("busy", "sleep"),
+            ("inference", "mode"): C.INFERENCE_MODES, ("learner", "device"): C.DEVICES,
+            ("learner", "model"): C.MODELS, ("learner", "lr_schedule"): ("linear", "constant"),
+            ("run", "mode"): C.MODES, ("run", "preset"): PRESET_NAMES}
+
+
+def metavar(section: str, name: str) -> str:
+    """What a field takes, for the help: its choices, or its type."""
+    choices = _choices().get((section, name))
+    if choices:
+        return "{" + ",".join(choices) + "}"
+    typ = typing.get_type_hints(C.SECTIONS[section])[name]
+    if typing.get_origin(typ) is tuple:
+        inner = typing.get_args(typ)[0]
+        return f"{'INT' if inner is int else 'FLOAT' if inner is float else 'STR'},..."
+    return {bool: "{true,false}", int: "INT", float: "FLOAT"}.get(typ, "STR")
+
+
+def normalize_option(arg: str) -> str:
+    """``--run.total-steps`` is ``--run.total_steps``: dashes and underscores both work in field names."""
+    if arg.startswith("--") and "." in arg.split("=", 1)[0]:
+        key, eq, value = arg[2:].partition("=")
+        return "--" + key.replace("-", "_") + eq + value
+    return arg
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,8 +55,9 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
         group = p.add_argument_group(sec) if not hasattr(p, f"_grp_{sec}") else getattr(p, f"_grp_{sec}")
         setattr(p, f"_grp_{sec}", group)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        group.add_argument(f"--{sec}.{name}", dest=f"cfg__{sec}__{name}", metavar="V", default=None,
-                           help=f"{doc} [default: {shown}]")
+        group.add_argument(f"--{sec}.{name}", dest=f"cfg__{sec}__{name}", metavar=metavar(sec, name), default=None,
+                           help=f"{doc} (default: {shown!r})" if isinstance(shown, str)
+                           else f"{doc} (default: {shown})")
 
 
 def cli_overrides(args: argparse.Namespace) -> dict:
