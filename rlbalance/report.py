@@ -27,6 +27,47 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+# One colour per stage, the same in every report (tab20 has 20; the stages are fewer).
+_STAGES = ("env_step", "wait_action", "wait_buffer", "reset", "batch_wait", "h2d", "forward", "d2h", "wait_data",
+           "fwd_bwd", "optim", "other")
+
+
+def stage_color(stage: str):
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    i = _STAGES.index(stage) if stage in _STAGES else len(_STAGES) + sum(map(ord, stage)) % (20 - len(_STAGES))
+    return cmap(i % 20)
+
+
+def _num(v):
+    return float("nan") if v is None else v
+
+
+def _learning_figure(m: list[dict], frames: list[float], plt):
+    """Return against frames and wall time, then losses, entropy, policy lag, gradient norm and learning
+    rate against frames: what a researcher reads first."""
+    panels = [("mean return (last 100)", "episode_return", "frames"), ("mean return (last 100)", "episode_return", "time"),
+              ("policy entropy (nats)", "loss/entropy", "frames"), ("policy loss", "loss/pg_loss", "frames"),
+              ("value loss", "loss/baseline_loss", "frames"), ("gradient norm (before clipping)", "loss/grad_norm", "frames"),
+              ("learning rate", "loss/lr", "frames"), ("policy lag (updates)", "policy_lag", "frames")]
+    fig, axes = plt.subplots(2, 4, figsize=(12, 5))
+    minutes = [r["time_s"] / 60 for r in m]
+    for ax, (label, key, x) in zip(axes.flat, panels):
+        ys = [_num(r.get(key)) for r in m]
+        xs = frames if x == "frames" else minutes
+        ax.plot(xs, ys, color="tab:green" if key == "episode_return" else "tab:blue", lw=1.2,
+                marker="." if len(m) < 20 else None)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("env frames" if x == "frames" else "wall time (minutes)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if key == "loss/lr":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    fig.suptitle("Learning", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def _plots(d: dict) -> list[tuple[str, str]]:
     import matplotlib
 
@@ -35,18 +76,20 @@ def _plots(d: dict) -> list[tuple[str, str]]:
 
     plots = []
     m = d["metrics"]
-    steps = [r["steps"] for r in m]
+    fpstep = max(1, int(d["summary"].get("frames", 0) / d["summary"]["steps"])) if d["summary"].get("steps") else 1
+    frames = [r.get("frames", r["steps"] * fpstep) for r in m]
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(steps, [r["fps"] for r in m], color="tab:blue")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("FPS", color="tab:blue")
+    ax.plot(frames, [r["fps"] for r in m], color="tab:blue")
+    ax.set_xlabel("env frames")
+    ax.set_ylabel("FPS (frames/s)", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.plot(steps, [r.get("episode_return") if r.get("episode_return") is not None else float("nan") for r in m],
-             color="tab:green")
-    ax2.set_ylabel("mean return (last 100)", color="tab:green")
+    ax2.plot(frames, [_num(r.get("episode_return")) for r in m], color="tab:green")
+    ax2.set_ylabel("mean return (last 100 episodes)", color="tab:green")
     ax.set_title("Throughput and return")
     fig.tight_layout()
     plots.append(("Throughput and return", _png(fig)))
+    if m:
+        plots.append(("Learning", _png(_learning_figure(m, frames, plt))))
 
     node_keys = sorted({k for r in m for k in r if k.startswith("ray/node") and k.endswith("_cpu_util")})
     if node_keys:  # Ray actors: each node's CPU utilisation, as its actors report it
@@ -64,45 +107,57 @@ def _plots(d: dict) -> list[tuple[str, str]]:
 
     shares = d["telemetry"].get("stage_shares", {})
     if shares:
-        fig, ax = plt.subplots(figsize=(7, 0.6 + 0.7 * len(shares)))
+        fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.7 * len(shares)))
         roles = sorted(shares)
+        seen: dict[str, object] = {}
         for i, role in enumerate(roles):
             left = 0.0
             for stage, v in sorted(shares[role].items(), key=lambda kv: -kv[1]):
-                ax.barh(i, v, left=left, edgecolor="white")
-                if v > 0.04:
-                    ax.text(left + v / 2, i, f"{stage}\n{v:.0%}", ha="center", va="center", fontsize=7)
+                bar = ax.barh(i, v, left=left, edgecolor="white", color=stage_color(stage))
+                seen.setdefault(stage, bar)
+                if v > 0.06:
+                    ax.text(left + v / 2, i, f"{v:.0%}", ha="center", va="center", fontsize=7)
                 left += v
         ax.set_yticks(range(len(roles)), roles)
-        ax.set_xlim(0, 1.05)
-        ax.set_xlabel("share of the role's wall time (after warm-up)")
+        ax.set_xlim(0, 1.0)
+        ax.set_xlabel("share of the role's wall time after warm-up (fraction)")
+        ax.legend(list(seen.values()), [k.replace("_", " ") for k in seen], fontsize=7, ncol=4,
+                  loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(shares) < 3 else -0.2), frameon=False)
         ax.set_title("Stage breakdown per role")
         fig.tight_layout()
         plots.append(("Stage breakdown", _png(fig)))
 
-    tl = d["telemetry"].get("hardware_timeline", [])
+    tl = d["telemetry"].get("hardware_timeline", [])[1:]  # the first sample has no interval behind it
     if tl:
         t = [s["t"] for s in tl]
-        fig, ax = plt.subplots(figsize=(7, 3.2))
+        has_gpu = any(s["gpu_util"] for s in tl)
+        fig, (ax, bx) = plt.subplots(2, 1, figsize=(7, 4.6), sharex=True)
         ncores = len(tl[0]["cpu_per_core"])
         for c in range(ncores):
-            ax.plot(t, [s["cpu_per_core"][c] for s in tl], lw=0.8, alpha=0.6, label=f"core {c}" if ncores <= 8 else None)
-        for role in sorted({r for s in tl for r in s["proc_cpu"]}):
-            ax.plot(t, [s["proc_cpu"].get(role, 0.0) for s in tl], lw=2, label=f"{role} (cores used)")
-        if any(s["gpu_util"] for s in tl):
-            ax.plot(t, [sum(s["gpu_util"]) / max(len(s["gpu_util"]), 1) for s in tl], lw=2, ls="--", label="GPU util")
-        ax.set_xlabel("seconds")
-        ax.set_ylabel("utilization / cores")
-        ax.legend(fontsize=7, ncol=3)
+            ax.plot(t, [s["cpu_per_core"][c] for s in tl], lw=0.8, alpha=0.7, label=f"core {c}" if ncores <= 8 else None)
+        if has_gpu:
+            ax.plot(t, [sum(s["gpu_util"]) / len(s["gpu_util"]) for s in tl], lw=2, ls="--", color="black",
+                    label="GPU (mean)")
+        ax.set_ylabel("busy (fraction)")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=7, ncol=4)
         ax.set_title("Utilization over time (measured)")
+        for role in sorted({r for s in tl for r in s["proc_cpu"]}):
+            bx.plot(t, [s["proc_cpu"].get(role, 0.0) for s in tl], lw=2, label=role)
+        bx.set_ylabel("CPU cores used")
+        bx.set_xlabel("seconds since start")
+        bx.set_ylim(bottom=0)
+        bx.legend(fontsize=7, ncol=3)
         fig.tight_layout()
         plots.append(("Utilization over time", _png(fig)))
 
         fig, ax = plt.subplots(figsize=(7, 3.0))
         ax.plot(t, [s["cpu_power_w"] for s in tl], label=f"CPU ({tl[-1]['cpu_power_source']})")
-        ax.plot(t, [s["gpu_power_w"] for s in tl], label=f"GPU ({tl[-1]['gpu_power_source']})")
-        ax.set_xlabel("seconds")
-        ax.set_ylabel("watts")
+        if has_gpu:  # nothing is drawn for a GPU the machine does not have
+            ax.plot(t, [s["gpu_power_w"] for s in tl], label=f"GPU ({tl[-1]['gpu_power_source']})")
+        ax.set_xlabel("seconds since start")
+        ax.set_ylabel("power (W)")
+        ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
         ax.set_title("Power over time")
         fig.tight_layout()
@@ -143,6 +198,23 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
+# The verdict's evidence, in words (each a share of the role's wall time unless named otherwise).
+_FIGURE_LABELS = {
+    "learner_wait_data": "learner waiting for unrolls", "learner_busy": "learner computing (copy, forward/backward, optimizer)",
+    "actor_env_step": "actors stepping their envs", "actor_wait_action": "actors waiting for actions",
+    "actor_wait_buffer": "actors waiting for a free buffer", "inference_wait": "inference server waiting for requests",
+    "inference_forward": "inference server in forward passes", "inference_copy": "inference server copying to and from the device",
+    "cpu_util_mean": "CPU utilization (mean over cores)", "gpu_util_mean": "GPU utilization (mean over GPUs)",
+}
+
+
+def _figure_label(key: str) -> str:
+    label = _FIGURE_LABELS.get(key)
+    if label is None:
+        return key.replace("_", " ")
+    return label + ("" if key.endswith("util_mean") else " (share of its time)")
+
+
 def write_csv(run: Path, d: dict | None = None) -> None:
     d = d or _load(run)
     with open(run / "stage_shares.csv", "w", newline="") as f:
@@ -169,10 +241,11 @@ def write_report(run: str | Path) -> Path:
     v = tel.get("verdict", {})
     rows = [("outcome", s.get("outcome")), ("env", s.get("env")), ("mode", f"{s.get('mode')}, {s.get('inference')} inference"),
             ("model / device", f"{s.get('model')} on {s.get('device')}"), ("env steps", s.get("steps")),
-            ("sustained FPS", s.get("fps_sustained")), ("sustained SPS", s.get("sps_sustained")),
-            ("mean return (last 100)", s.get("episode_return_last100")), ("CPU utilization (mean)", s.get("cpu_util_mean")),
-            ("node power", s.get("node_power_w")), ("FPS per watt", s.get("fps_per_watt")),
-            ("actor restarts", s.get("actor_restarts")), ("actor-seconds lost", s.get("actor_seconds_lost"))]
+            ("sustained FPS (env frames/s)", s.get("fps_sustained")), ("sustained SPS (env steps/s)", s.get("sps_sustained")),
+            ("mean return (last 100 episodes)", s.get("episode_return_last100")),
+            ("CPU utilization (mean, fraction of all cores)", s.get("cpu_util_mean")),
+            ("node power (W)", s.get("node_power_w")), ("FPS per watt (frames/J)", s.get("fps_per_watt")),
+            ("actor restarts", s.get("actor_restarts")), ("actor-seconds lost (s)", s.get("actor_seconds_lost"))]
     if s.get("actors_on") == "ray":
         rows.append(("actors on", "Ray"))
         for node, n in (s.get("nodes") or {}).items():
@@ -188,17 +261,20 @@ def write_report(run: str | Path) -> Path:
         rows.append((f"actor {ev['actor']} fault at {ev['at']}", ev["reason"]))
     for key, val in tel.get("latency_ms", {}).items():
         if val is not None:
-            rows.append((key.replace("_", " "), val))
+            rows.append((key.removesuffix("_ms").replace("_", " ") + " (ms)", val))
     if tel.get("transport"):
         rows.append(("shared-memory transport, bytes/s", {"value": tel["transport"]["bytes_per_s"],
                                                            "source": "derived"}))
-    for key in ("cpu_power_w", "gpu_power_w", "base_power_w", "energy_cpu_j", "energy_gpu_j"):
-        if key in tel.get("hardware", {}):
-            rows.append((key.replace("_", " "), tel["hardware"][key]))
+    has_gpu = bool(hw.get("gpus"))
+    for key, label in (("cpu_power_w", "CPU power (W)"), ("gpu_power_w", "GPU power (W)"),
+                       ("base_power_w", "rest of the node, power (W)"), ("energy_cpu_j", "CPU energy (J)"),
+                       ("energy_gpu_j", "GPU energy (J)")):
+        if key in tel.get("hardware", {}) and (has_gpu or "gpu" not in key):  # no rows for a GPU the node lacks
+            rows.append((label, tel["hardware"][key]))
     table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(val)}</td></tr>" for k, val in rows if val is not None)
     figs = "\n".join(f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b}"><figcaption>'
                      f"{html.escape(t)}</figcaption></figure>" for t, b in _plots(d))
-    evidence = "".join(f"<li>{html.escape(k)}: {_fmt(val)}</li>" for k, val in v.get("figures", {}).items())
+    evidence = "".join(f"<li>{html.escape(_figure_label(k))}: {_fmt(val)}</li>" for k, val in v.get("figures", {}).items())
     machine = (f"{html.escape(str(hw.get('cpu_model', '?')))}, {hw.get('physical_cores', '?')} cores / "
                f"{hw.get('logical_cpus', '?')} threads, GPUs: {html.escape(str([g['name'] for g in hw.get('gpus', [])] or 'none'))}, "
                f"commit {html.escape(str(hw.get('git_commit', '?')))}")

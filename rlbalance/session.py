@@ -63,6 +63,8 @@ class Session:
         self.start_steps = learner.steps
         self.t_start = time.perf_counter()
         self.last_log = self.last_ckpt = self.t_start
+        # A short run still gets a curve: a record every 1% of run.total_steps too (at most ~100 more records).
+        self.last_log_steps, self.log_every_steps = learner.steps, cfg.run.total_steps / 100
         self.last_train: dict[str, float] = {}
         self.policy_lag: list[float] = []
         self.lag_total, self.lag_count = 0.0, 0
@@ -124,7 +126,8 @@ class Session:
             self.gpu_timer.add("train", train_stats["time_gpu_train"])
         self.logger.note_steps(self.learner.steps)
         now = time.perf_counter()
-        if now - self.last_log >= self.cfg.telemetry.log_interval_s:
+        if now - self.last_log >= self.cfg.telemetry.log_interval_s or (
+                self.learner.steps - self.last_log_steps >= self.log_every_steps):
             self.log(now)
         if now - self.last_ckpt >= self.cfg.run.checkpoint_interval_s:
             self.checkpoint()
@@ -167,7 +170,7 @@ class Session:
         if steps > self._shown_steps:  # a record with no new steps (the final one) keeps the FPS shown
             self._shown_fps, self._shown_steps = rec["fps"], steps
         self.progress.update(steps, self._shown_fps, scalars["episode_return"])
-        self.last_log = now
+        self.last_log, self.last_log_steps = now, steps
         return rec
 
     def checkpoint(self) -> Path:

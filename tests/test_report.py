@@ -37,8 +37,43 @@ def test_report_in_headless_chromium(cfg_factory, tmp_path):
     dom = out.stdout
     assert 'data-plots-loaded="true"' in dom, dom[-3000:]
     n = int(re.search(r'data-plots="(\d+)"', dom).group(1))
-    assert n >= 4  # throughput/return, stage breakdown, utilization, power (and batch sizes)
+    assert n >= 5  # throughput/return, learning, stage breakdown, utilization, power (and batch sizes)
+    for title in ("Learning", "Stage breakdown", "Utilization over time", "Power over time"):
+        assert f'alt="{title}"' in dom, title
     assert "Bottleneck:" in dom and "modeled" in dom
+    # units in the table, words in the evidence, nothing about a GPU this machine does not have
+    assert "node power (W)" in dom and "sustained FPS (env frames/s)" in dom
+    assert "learner waiting for unrolls" in dom and "learner_wait_data" not in dom
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "GPU power (W)" not in dom and "GPU energy" not in dom
+
+
+def test_report_learning_figure_has_every_panel(cfg_factory):
+    """The learning figure draws return against frames and wall time, then losses, entropy, policy lag,
+    gradient norm and learning rate, from a run's own metrics; a short run still gives a curve."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rlbalance.report import _learning_figure
+
+    s = train(cfg_factory(run={"total_steps": 30_000, "name": "learnfig"},
+                          telemetry={"tensorboard": False, "report": False, "log_interval_s": 60.0}))
+    m = [json.loads(line) for line in open(os.path.join(s["run_dir"], "metrics.jsonl"))]
+    assert len(m) >= 50  # a record every 1% of run.total_steps, though the log interval is longer than the run
+    fig = _learning_figure(m, [r["frames"] for r in m], plt)
+    titles = [ax.get_title() for ax in fig.axes]
+    for want in ("mean return (last 100)", "policy entropy (nats)", "policy loss", "value loss",
+                 "gradient norm (before clipping)", "learning rate", "policy lag (updates)"):
+        assert want in titles, titles
+    assert [ax.get_xlabel() for ax in fig.axes].count("wall time (minutes)") == 1
+    assert all(len(ax.lines[0].get_xdata()) == len(m) for ax in fig.axes)
+    plt.close(fig)
 
 
 def test_report_cli_and_csv(cfg_factory):
