@@ -135,11 +135,14 @@ def _register_ale() -> None:
     gym.register_envs(ale_py)
 
 
-def make_single(cfg: EnvConfig, seed: int) -> gym.Env:
-    """One gymnasium env with the preprocessing its family needs (its id checked, and registered, by _check_id)."""
+def make_single(cfg: EnvConfig, seed: int, render_mode: str | None = None) -> gym.Env:
+    """One gymnasium env with the preprocessing its family needs (its id checked, and registered, by _check_id);
+    ``render_mode='rgb_array'`` for videos."""
     if cfg.is_atari:
         _register_ale()
         kwargs = dict(frameskip=1, repeat_action_probability=cfg.sticky_actions, full_action_space=False)
+        if render_mode:
+            kwargs["render_mode"] = render_mode
         if cfg.max_episode_steps:
             kwargs["max_num_frames_per_episode"] = cfg.max_episode_steps * cfg.frameskip
         else:
@@ -153,6 +156,8 @@ def make_single(cfg: EnvConfig, seed: int) -> gym.Env:
         env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
     else:
         kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+        if render_mode:
+            kwargs["render_mode"] = render_mode
         env = gym.make(cfg.id, **kwargs)
     env.action_space.seed(seed)
     return env

@@ -8,6 +8,7 @@ most likely action with ``greedy``. Envs are seeded apart from the training seed
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -110,3 +111,81 @@ def _bar(total: int, enabled: bool):
     task = bar.add_task("eval", total=total)
     bar.start()
     return bar, task
+
+
+def record_video(run_dir: str | Path, out: str | Path | None = None, greedy: bool = False,
+                 checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
+                 max_steps: int = 10_000) -> dict:
+    """One game played by the run's policy, as an MP4 (the env's own rgb frames, written by OpenCV);
+    stops after ``max_steps`` agent steps. Returns the video's path, frames, fps and the game's return."""
+    import cv2
+
+    from .envs import _check_id, make_single
+
+    run = RunDir(Path(run_dir))
+    cfg = run.read_config()
+    env_cfg = dataclasses.replace(cfg.env, backend="gymnasium")  # EnvPool does not render; same preprocessing
+    if env_cfg.id == "synthetic":
+        raise ConfigError("--video: the synthetic env has nothing to show; record a gymnasium or ALE env")
+    ckpt_path = Path(checkpoint) if checkpoint else run.latest_checkpoint()
+    if ckpt_path is None:
+        raise ConfigError(f"run_dir {run.path}: no checkpoint in {run.ckpt_dir}; train first, or pass --checkpoint")
+    state = run.load_checkpoint(ckpt_path)
+    _check_id(env_cfg)
+    spec = probe_spec(cfg.env)
+    dev = resolve_device(device)
+    model = build_model(cfg.learner, spec).to(dev)
+    model.load_state_dict(state["model"])
+    model.eval()
+    seed = client_seed(cfg, 0) + EVAL_SEED_OFFSET if seed is None else seed
+    env = make_single(env_cfg, seed, render_mode="rgb_array")
+    if "rgb_array" not in (env.metadata.get("render_modes") or []):
+        env.close()
+        raise ConfigError(f"--video: {env_cfg.id} cannot render rgb frames (its render modes: "
+                          f"{env.metadata.get('render_modes')})")
+    # one rendered frame per agent step: an Atari agent step is frameskip emulator frames
+    # (the Atari 2600 draws 60 frames a second, whatever ALE's metadata says)
+    fps = 60.0 / env_cfg.frameskip if env_cfg.is_atari else float(env.metadata.get("render_fps") or 30)
+    path = Path(out) if out else run.path / "video.mp4"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    obs, _ = env.reset(seed=seed)
+    frame = env.render()
+    h, w = frame.shape[:2]
+    tmp = path.with_name(path.name + ".tmp.mp4")
+    writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+    if not writer.isOpened():
+        env.close()
+        raise ConfigError(f"--video: OpenCV cannot write MP4 to {path}")
+    frames, ret, steps, over = 0, 0.0, 0, False
+    try:
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+        frames += 1
+        while not over and steps < max_steps:
+            with torch.inference_mode():
+                x = torch.as_tensor(np.asarray(obs, dtype=spec.obs_dtype)[None]).to(dev)
+                if greedy:
+                    logits, _ = model(x)
+                    action = int(logits.argmax(dim=-1)[0])
+                else:
+                    a, _ = model.act(x, gen)
+                    action = int(a[0])
+            obs, r, term, trunc, info = env.step(action)
+            ret += float(r)
+            steps += 1
+            over = bool(trunc) or (bool(term) and info.get("game_over", True))
+            if term and not over:  # episodic life: a lost life, the game goes on
+                obs, _ = env.reset()
+            writer.write(cv2.cvtColor(env.render(), cv2.COLOR_RGB2BGR))
+            frames += 1
+    except BaseException:
+        writer.release()
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        writer.release()
+        env.close()
+    tmp.replace(path)
+    return {"path": str(path), "frames": frames, "fps": fps, "seconds": frames / fps, "agent_steps": steps,
+            "game_over": over, "return": ret, "checkpoint_steps": int(state["steps"]),
+            "policy": "greedy" if greedy else "sampled"}

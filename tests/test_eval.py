@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 from rlbalance.cli import main
 from rlbalance.evaluate import evaluate
@@ -46,3 +47,40 @@ def test_eval_out_of_steps_keeps_the_games_played(cfg_factory):
     r = json.load(open(os.path.join(s["run_dir"], "eval.json")))
     # 200-step games, 4 envs: 1,000 env steps = 250 per env, so each env finished one game of its two
     assert not r["complete"] and r["episodes"] == 4 and r["lengths"] == [200] * 4
+
+
+def test_eval_video_writes_a_playable_mp4(cfg_factory, tmp_path, capsys):
+    """`rlbalance eval RUN --video` records one game with the env's own frames: an MP4 that OpenCV reads back
+    with one frame per agent step (plus the first), at the env's frame rate."""
+    import cv2
+
+    from rlbalance.cli import main
+
+    s = train(cfg_factory(run={"mode": "serial", "total_steps": 3_000, "name": "vid"},
+                          telemetry={"tensorboard": False, "report": False}))
+    out = tmp_path / "game.mp4"
+    assert main(["eval", s["run_dir"], "--episodes", "2", "--envs", "2", "--video", str(out),
+                 "--video-steps", "40"]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed
+    cap = cv2.VideoCapture(str(out))
+    n, fps = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)), cap.get(cv2.CAP_PROP_FPS)
+    ok, frame = cap.read()
+    cap.release()
+    assert ok and frame.shape == (400, 600, 3) and frame.std() > 0  # CartPole's own drawing, not a blank
+    assert fps == 50  # CartPole's render_fps
+    steps = int(re.search(r"(\d+) frames at", printed).group(1))
+    assert 2 <= n == steps <= 41  # the first frame, then one per step, cut at --video-steps
+    assert not list(tmp_path.glob("*.tmp.mp4"))
+
+
+def test_eval_video_of_the_synthetic_env_is_refused_before_anything_is_written(cfg_factory, capsys):
+    from rlbalance.cli import main
+
+    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0},
+                          run={"mode": "serial", "total_steps": 2_000, "name": "novid"},
+                          telemetry={"tensorboard": False, "report": False}))
+    assert main(["eval", s["run_dir"], "--video"]) == 2
+    assert "synthetic env has nothing to show" in capsys.readouterr().err
+    assert not os.path.exists(os.path.join(s["run_dir"], "eval.json"))
+    assert not os.path.exists(os.path.join(s["run_dir"], "video.mp4"))

@@ -3,6 +3,7 @@
 Examples:
   rlbalance eval runs/CartPole-v1-20261202-140000
   rlbalance eval runs/ALE_Pong-v5-20261202-150000 --episodes 30 --greedy
+  rlbalance eval runs/ALE_Pong-v5-20261202-150000 --video            # and RUN/video.mp4 of one game
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="env and sampling seed; without it, one apart from "
                    "the run's training seeds")
     p.add_argument("--max-steps", type=int, default=10_000_000, help="give up after this many env steps")
+    p.add_argument("--video", nargs="?", const="", default=None, metavar="MP4",
+                   help="also record one game as an MP4 (to MP4, or RUN_DIR/video.mp4 without a path); "
+                   "Atari at 15 frames/s, one frame per agent step")
+    p.add_argument("--video-steps", type=int, default=10_000, help="--video: stop the game after this many agent steps")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +35,12 @@ def run(args: argparse.Namespace) -> int:
 
     from ..evaluate import evaluate
 
+    video = None
+    if args.video is not None:  # first: a run that cannot be recorded is refused before anything is written
+        from ..evaluate import record_video
+
+        video = record_video(args.run_dir, args.video or None, greedy=args.greedy, checkpoint=args.checkpoint,
+                             device=args.device, seed=args.seed, max_steps=args.video_steps)
     r = evaluate(args.run_dir, episodes=args.episodes, num_envs=args.envs, greedy=args.greedy,
                  checkpoint=args.checkpoint, device=args.device, seed=args.seed, max_steps=args.max_steps)
     console = Console()
@@ -44,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
                       "raise --max-steps or lower --episodes")
     run_dir = Path(args.run_dir)
     print(f"wrote {run_dir / 'eval.json'}")
+    if video is not None:
+        v = video
+        print(f"wrote {v['path']}: one game, return {v['return']:.1f}, {v['frames']} frames at {v['fps']:g} "
+              f"frames/s ({v['seconds']:.1f} s){'' if v['game_over'] else ', cut at --video-steps'}")
     if (run_dir / "report.html").is_file():  # the run's report shows the evaluation too
         from ..report import write_report
 
