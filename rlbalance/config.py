@@ -44,6 +44,7 @@ INFERENCE_MODES = ("central", "actor")
 MODELS = ("auto", "mlp", "nature_cnn")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("parallel", "serial")
+WANDB_MODES = ("off", "offline", "online")
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,10 @@ class TelemetryConfig:
     hardware_interval_s: float = _f(1.0, "Seconds between hardware samples (CPU per core, RSS, GPU, power); "
                                     "0 turns the sampler off.")
     report: bool = _f(True, "Write report.html (plots, stage breakdown, verdict) at the end of the run.")
+    wandb: str = _f("off", "Weights & Biases: the TensorBoard scalars, the config and the summary. 'off'; 'offline' "
+                    "(a folder under the run directory's wandb/, uploaded later with `wandb sync`); 'online' "
+                    "(after `wandb login`). Needs the wandb package: pip install wandb.")
+    wandb_project: str = _f("rlbalance", "W&B project name.")
     cpu_watts_per_core: float = _f(10.0, "Power model: watts per fully busy CPU core (used where RAPL is unreadable).")
     cpu_idle_watts: float = _f(20.0, "Power model: CPU package idle watts.")
     gpu_idle_watts: float = _f(60.0, "Power model: GPU idle watts (used for planning; a GPU present is measured).")
@@ -238,6 +243,14 @@ class TelemetryConfig:
 
     def __post_init__(self) -> None:
         _require(self.log_interval_s > 0, "telemetry.log_interval_s", self.log_interval_s, "must be > 0")
+        _require(self.wandb in WANDB_MODES, "telemetry.wandb", self.wandb, f"one of {WANDB_MODES}")
+        if self.wandb != "off":
+            import importlib.util
+
+            _require(importlib.util.find_spec("wandb") is not None, "telemetry.wandb", self.wandb,
+                     "the wandb package is not installed: pip install wandb (or: pip install -e '.[wandb]'), "
+                     "or leave telemetry.wandb=off")
+        _require(bool(self.wandb_project.strip()), "telemetry.wandb_project", self.wandb_project, "must not be empty")
         _require(self.warmup_s >= 0, "telemetry.warmup_s", self.warmup_s, "must be >= 0")
         _require(self.hardware_interval_s >= 0, "telemetry.hardware_interval_s", self.hardware_interval_s,
                  "must be >= 0 (0: off)")

@@ -50,7 +50,7 @@ class MetricsLogger:
     """Writes one JSON object per record to metrics.jsonl and the same scalars to TensorBoard."""
 
     def __init__(self, run_path: Path, tensorboard: bool, frames_per_step: int, warmup_s: float,
-                 start_steps: int = 0, session: int = 0):
+                 start_steps: int = 0, session: int = 0, wandb: dict | None = None):
         self.path = Path(run_path) / "metrics.jsonl"
         _cut_partial_last_line(self.path)  # a record cut by kill -9 would corrupt the next one
         self.file = open(self.path, "a", buffering=1)
@@ -59,6 +59,7 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(Path(run_path) / "tb"))
+        self.wb = _wandb_run(Path(run_path), **wandb) if wandb else None
         self.frames_per_step = frames_per_step
         self.session = session  # 0 for a run's first session, n after n resumes: time_s restarts with each
         self.warmup_s = warmup_s
@@ -97,16 +98,28 @@ class MetricsLogger:
         rec = {"time_s": round(now - self.t0, 4), "session": self.session, "steps": steps, "frames": steps * self.frames_per_step,
                "sps": sps, "fps": sps * self.frames_per_step, **scalars}
         self.file.write(dumps(rec, indent=None) + "\n")
+        scalars = {k: v for k, v in rec.items() if k not in ("steps", "time_s", "session")
+                   and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         if self.tb is not None:
-            for k, v in rec.items():
-                if k not in ("steps", "time_s", "session") and isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, steps)
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, steps)
+        if self.wb is not None and steps > self._wb_step:  # W&B takes increasing steps only (a resume repeats some)
+            self.wb.log(scalars, step=steps)
+            self._wb_step = steps
         return rec
 
-    def close(self) -> None:
+    def close(self, summary: dict | None = None) -> None:
         self.file.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wb is not None:
+            if summary:
+                self.wb.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))
+                                        and not (isinstance(v, float) and not math.isfinite(v))})
+            self.wb.finish()
+            self.wb = None
+
+    _wb_step = -1
 
 
 class Progress:
@@ -133,3 +146,15 @@ class Progress:
     def close(self) -> None:
         if self.enabled:
             self.bar.stop()
+
+
+def _wandb_run(run_path: Path, mode: str, project: str, config: dict):
+    """One W&B run per run directory: its id comes from the directory, so a --resume continues it."""
+    import hashlib
+
+    import wandb
+
+    rid = f"{run_path.name[:40]}-{hashlib.sha1(str(run_path.resolve()).encode()).hexdigest()[:8]}"
+    rid = "".join(c if c.isalnum() or c in "-_" else "-" for c in rid)
+    return wandb.init(project=project, name=run_path.name, id=rid, resume="allow", mode=mode, dir=str(run_path),
+                      config=config)

@@ -55,8 +55,11 @@ class Session:
         self.cfg, self.run, self.learner, self.spec, self.episodes = cfg, run, learner, spec, episodes
         self.model_lock = model_lock
         tc = cfg.telemetry
+        wandb = None
+        if tc.wandb != "off":
+            wandb = {"mode": tc.wandb, "project": tc.wandb_project, "config": cfg.to_dict()}
         self.logger = MetricsLogger(run.path, tc.tensorboard, spec.frames_per_step, tc.warmup_s,
-                                    start_steps=learner.steps, session=session_index)
+                                    start_steps=learner.steps, session=session_index, wandb=wandb)
         self.progress = Progress(cfg.run.total_steps, tc.progress, start=learner.steps)
         self.timer = StageTimer(tc.stage_timers)  # the learner role's own stages
         self.gpu_timer = StageTimer()  # device busy time (CUDA events) of training and inference
@@ -227,7 +230,7 @@ class Session:
                        "last_good_checkpoint": str(last) if last else None, "run_dir": str(self.run.path),
                        "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             atomic_write_json(self.run.path / "summary.json", summary)
-            self.logger.close()
+            self.logger.close(summary)
         except Exception:  # a full disk must not hide the error that stopped training
             pass
 
@@ -268,7 +271,7 @@ class Session:
             p = summary["node_power_w"]
             summary["fps_per_watt"] = {"value": summary["fps_sustained"] / max(p["value"], 1e-9), "source": p["source"]}
         atomic_write_json(self.run.path / "summary.json", summary)
-        self.logger.close()
+        self.logger.close(summary)
         if self.cfg.telemetry.report:
             from .report import write_report
 

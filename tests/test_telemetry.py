@@ -150,3 +150,85 @@ def test_rapl_wrap_uses_the_counters_own_range_and_impossible_figures_are_droppe
     assert samples[1].cpu_power_source == "modeled"  # a million joules in a moment: dropped, not "measured"
     assert samples[2].cpu_power_source == "measured"
     assert sampler.summary()["rapl_samples_dropped"] == 1
+
+
+def _wandb_records(path):
+    """The records of an offline W&B run file: W&B's append-only log (a 7-byte file header, then 32 KiB
+    blocks of records with 7-byte headers: checksum, length, kind FULL/FIRST/MIDDLE/LAST), each a protobuf."""
+    import struct
+
+    buf = open(path, "rb").read()
+    assert buf[:4] == b":W&B", buf[:7]
+    pos, block, parts = 7, 32768, b""
+    while pos + 7 <= len(buf):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", buf[pos:pos + 7])
+        data = buf[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            yield data
+        elif kind == 2:
+            parts = data
+        elif kind == 3:
+            parts += data
+        elif kind == 4:
+            yield parts + data
+
+
+def test_wandb_offline_run_holds_the_tensorboard_scalars(cfg_factory, monkeypatch):
+    """telemetry.wandb=offline: the W&B run (read back from its file) has every TensorBoard scalar, at the same
+    steps with the same values, plus the config and the summary."""
+    import glob
+    import json
+    import os
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    s = train(cfg_factory(run={"total_steps": 20_000, "name": "wb"}, telemetry={"wandb": "offline", "report": False}))
+    files = glob.glob(os.path.join(s["run_dir"], "wandb", "offline-run-*", "*.wandb"))
+    assert len(files) == 1, files
+    history, config, summary = [], {}, {}
+    for data in _wandb_records(files[0]):
+        rec = pb.Record()
+        rec.ParseFromString(data)
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+        elif kind == "run":
+            config.update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
+        elif kind == "summary":
+            summary.update({i.key: json.loads(i.value_json) for i in rec.summary.update})
+    assert len(history) >= 5
+    tb = EventAccumulator(os.path.join(s["run_dir"], "tb"))
+    tb.Reload()
+    tags = set(tb.Tags()["scalars"])
+    logged = {k for row in history for k in row if not k.startswith("_")}
+    assert logged == tags, logged ^ tags
+    for row in history:
+        for k in (k for k in row if not k.startswith("_")):
+            first = next(e for e in tb.Scalars(k) if e.step == row["_step"])
+            assert abs(first.value - row[k]) <= 1e-5 * max(1.0, abs(row[k])), (k, row["_step"], first.value, row[k])
+    assert history[-1]["_step"] == s["steps"]
+    config = {k: v.get("value", v) if isinstance(v, dict) and "value" in v else v for k, v in config.items()}
+    assert config["learner"]["batch_size"] == 16 and config["run"]["name"] == "wb", config.get("run")
+    assert summary["outcome"] == "completed" and summary["steps"] == s["steps"]
+
+
+def test_wandb_without_the_package_names_the_fix(monkeypatch):
+    import importlib.util
+
+    import pytest
+
+    from rlbalance import config as C
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(C.ConfigError, match=r"telemetry.wandb.*pip install wandb"):
+        C.build({"telemetry": {"wandb": "offline"}})
+    with pytest.raises(C.ConfigError, match="telemetry.wandb"):
+        C.build({"telemetry": {"wandb": "yes"}})

@@ -24,7 +24,7 @@ def _choices() -> dict[tuple[str, str], tuple[str, ...]]:
     return {("env", "backend"): C.ENV_BACKENDS, ("env", "synthetic_cost"): ("busy", "sleep"),
             ("inference", "mode"): C.INFERENCE_MODES, ("learner", "device"): C.DEVICES,
             ("learner", "model"): C.MODELS, ("learner", "lr_schedule"): ("linear", "constant"),
-            ("run", "mode"): C.MODES, ("run", "preset"): PRESET_NAMES}
+            ("run", "mode"): C.MODES, ("run", "preset"): PRESET_NAMES, ("telemetry", "wandb"): C.WANDB_MODES}
 
 
 def metavar(section: str, name: str) -> str:
