@@ -189,7 +189,9 @@ class Session:
         warm = self.cumulative.wall["learner"] > 0
         cum = self.cumulative if warm else self.cumulative_all
         shares = cum.shares()
-        verdict = decide(shares, self.cfg.inference.mode == "central", hw)
+        machine = {"gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                   "learner_device": str(self.learner.device)}
+        verdict = decide(shares, self.cfg.inference.mode == "central", hw, machine)
         verdict["window"] = "after warm-up" if warm else "whole run (shorter than telemetry.warmup_s)"
         sps = self.logger.sustained_sps(self.learner.steps)
         latencies = {"actor_request_latency_ms": cum.mean_ms("actor", "wait_action"),

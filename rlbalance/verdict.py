@@ -28,12 +28,52 @@ ADVICE = {
 }
 
 
+def advise(verdict: str, machine: dict | None, central: bool, cpu_util: float | None = None) -> str:
+    """What to change, for the machine the run was on: ``machine`` has ``gpus`` (how many the node has) and
+    ``learner_device`` ('cpu', 'cuda:0', ...). Without it, the general advice (ADVICE)."""
+    if not machine:
+        return ADVICE[verdict]
+    gpus = int(machine.get("gpus") or 0)
+    on_gpu = str(machine.get("learner_device", "cpu")).startswith("cuda")
+    saturated = cpu_util is not None and cpu_util > 0.9
+    if verdict == "actor-bound":
+        if saturated:
+            return ("every core is busy, so more actor processes would only share them: use a cheaper env backend "
+                    "(env.backend=envpool), fewer optimizer steps per frame if the learner shares the cores "
+                    "(learner.epochs), or a machine with more cores per " + ("GPU" if gpus else "learner"))
+        return ADVICE[verdict]
+    if verdict == "inference-bound":
+        if on_gpu:
+            return ("raise the inference batch (inference.max_batch, inference.max_wait_ms) or actors.envs_per_actor "
+                    "so each forward pass carries more envs")
+        if gpus:
+            return f"put the learner and inference on this node's GPU (learner.device=cuda; {gpus} here)"
+        return ("this machine has no GPU: raise the inference batch (inference.max_batch, inference.max_wait_ms) or "
+                "actors.envs_per_actor, or run the policy in the actors (inference.mode=actor) to spread forward "
+                "passes over the actor cores" if central else ADVICE[verdict])
+    if verdict == "learner-bound":
+        if on_gpu:
+            return ("add learner devices (learner.devices) or a faster GPU, raise learner.batch_size (fewer, larger "
+                    "updates), or use fewer actor cores: extra actors only add policy lag")
+        if gpus:
+            return f"train on this node's GPU (learner.device=cuda; {gpus} here): the learner runs on the CPU now"
+        return ("this machine has no GPU, so the learner shares the CPU with the actors: give it more threads "
+                "(learner.torch_threads) and fewer actors, fewer optimizer steps per frame (learner.epochs, "
+                "learner.minibatches), or a larger learner.batch_size; a GPU learner is what would help most")
+    if verdict == "transfer-bound" and not on_gpu:
+        return ("the copies are host-memory copies here (no GPU learner): raise the inference batch so each copy "
+                "carries more, and keep observations uint8")
+    return ADVICE[verdict]
+
+
 def _get(shares: dict, role: str, stage: str) -> float:
     return float(shares.get(role, {}).get(stage, 0.0))
 
 
-def decide(shares: dict[str, dict[str, float]], central: bool, hardware: dict | None = None) -> dict:
-    """Return {"verdict", "evidence", "advice", "figures"} from role stage shares."""
+def decide(shares: dict[str, dict[str, float]], central: bool, hardware: dict | None = None,
+           machine: dict | None = None) -> dict:
+    """Return {"verdict", "evidence", "advice", "figures"} from role stage shares; the advice fits ``machine``
+    (see ``advise``) where it is given."""
     learner_wait = _get(shares, "learner", "wait_data")
     actor_wait_buffer = _get(shares, "actor", "wait_buffer")
     actor_wait_action = _get(shares, "actor", "wait_action")
@@ -75,4 +115,5 @@ def decide(shares: dict[str, dict[str, float]], central: bool, hardware: dict | 
     cpu = figures.get("cpu_util_mean")
     if cpu is not None and cpu > 0.9:
         evidence += f"; the CPU is saturated ({cpu:.0%} of all cores busy), so more cores help every role"
-    return {"verdict": verdict, "evidence": evidence, "advice": ADVICE[verdict], "figures": figures}
+    return {"verdict": verdict, "evidence": evidence, "advice": advise(verdict, machine, central, cpu),
+            "figures": figures}

@@ -232,3 +232,26 @@ def test_wandb_without_the_package_names_the_fix(monkeypatch):
         C.build({"telemetry": {"wandb": "offline"}})
     with pytest.raises(C.ConfigError, match="telemetry.wandb"):
         C.build({"telemetry": {"wandb": "yes"}})
+
+
+def test_advice_fits_the_machine():
+    """No 'put inference on a GPU' on a machine without one; the next thing that would help there instead."""
+    learner_bound = {"learner": {"wait_data": 0.02}, "actor": {"wait_buffer": 0.6}}
+    inference_bound = {"learner": {"wait_data": 0.7}, "actor": {"wait_action": 0.8},
+                       "inference": {"batch_wait": 0.1, "forward": 0.7, "h2d": 0.05, "d2h": 0.05}}
+    cpu_only = {"gpus": 0, "learner_device": "cpu"}
+    gpu_unused = {"gpus": 2, "learner_device": "cpu"}
+    gpu_used = {"gpus": 1, "learner_device": "cuda:0"}
+    for shares in (learner_bound, inference_bound):
+        a = decide(shares, central=True, machine=cpu_only)["advice"]
+        assert "no GPU" in a and "learner.device=cuda" not in a, a
+        assert "learner.device=cuda" in decide(shares, central=True, machine=gpu_unused)["advice"]
+        assert "learner.device=cuda" not in decide(shares, central=True, machine=gpu_used)["advice"]
+    assert "inference.mode=actor" in decide(inference_bound, central=True, machine=cpu_only)["advice"]
+    assert "learner.devices" in decide(learner_bound, central=True, machine=gpu_used)["advice"]
+    actor_bound = {"learner": {"wait_data": 0.8}, "actor": {"env_step": 0.9, "wait_action": 0.05},
+                   "inference": {"batch_wait": 0.9}}
+    saturated = decide(actor_bound, central=True, hardware={"cpu_util_mean": 0.97}, machine=cpu_only)
+    assert saturated["verdict"] == "actor-bound" and "every core is busy" in saturated["advice"]
+    assert "add actor cores" in decide(actor_bound, central=True, hardware={"cpu_util_mean": 0.4},
+                                       machine=cpu_only)["advice"]
