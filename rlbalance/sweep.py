@@ -81,8 +81,21 @@ def expand(base: dict, axes: dict[str, list[str]], steps: int | None = None) -> 
         merged = C.merge(base, over, {"run": {"total_steps": steps}} if steps else {})
         cfg = C.build(merged)  # fails here, naming the field, before any point runs
         key = hashlib.sha1(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:12]
-        points.append(Point(values, merged, key))
+        points.append(Point(_typed(values, cfg), merged, key))
     return points
+
+
+def _typed(values: dict[str, str], cfg: C.Config) -> dict:
+    """The axis values as the config took them (4 is a number, so 10 sorts after 2; lists stay lists)."""
+    out = {}
+    for name, v in values.items():
+        if name == "cores":
+            out[name] = int(v)
+        else:
+            sec, field = name.split(".", 1)
+            typed = getattr(getattr(cfg, sec), field)
+            out[name] = list(typed) if isinstance(typed, tuple) else typed
+    return out
 
 
 def actor_cores(cfg: C.Config) -> int:

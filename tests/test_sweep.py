@@ -113,3 +113,14 @@ def test_ratio_refuses_to_mix_sweeps(tmp_path, capsys):
     assert "cartpole, pong" in capsys.readouterr().err
     assert main(["ratio", "--db", str(db_path), "--name", "cartpole", "--out", str(tmp_path / "r")]) == 0
     assert json.loads((tmp_path / "r" / "ratio.json").read_text())["throughput_optimal_R"] == 2
+
+
+def test_axis_values_keep_their_types():
+    """Axis values are stored as the config takes them: numbers sort as numbers (10 after 2)."""
+    pts = expand({}, parse_axes(["actors.num_actors=10,2", "inference.mode=actor", "learner.learning_rate=1e-3",
+                                 "telemetry.tensorboard=false", "cores=1"]))
+    v = pts[0].values
+    assert v == {"actors.num_actors": 10, "inference.mode": "actor", "learner.learning_rate": 0.001,
+                 "telemetry.tensorboard": False, "cores": 1}
+    assert sorted(p.values["actors.num_actors"] for p in pts) == [2, 10]
+    assert json.loads(json.dumps(v)) == v
