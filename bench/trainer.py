@@ -29,6 +29,9 @@ from rlbalance.rundir import hardware_stamp
 
 WORKLOADS = {
     "cartpole": {},
+    # CartPole on the bare defaults (one V-trace pass per batch), the classic preset before it took APPO's
+    # passes, kept to measure what the preset costs in SPS, in the same bench run.
+    "cartpole-previous": {"run": {"preset": "none"}},
     # The Atari preset (rlbalance/presets.py) is the one source of its settings.
     "pong": {"env": {"id": "ALE/Pong-v5"}},
     # The bench's Pong config before the preset (B=16, one pass, gymnasium envs), kept to measure what the
@@ -202,6 +205,16 @@ def write_results(results: list[dict], out: Path, note: str = "") -> Path:
             lines += [f"Peer in the same run: CleanRL-style PPO on EnvPool (bench/ppo_envpool.py, 8 envs, 4 epochs), "
                       f"{p['sps']:,.0f} SPS over {p['steps']:,} steps; ours at the best actor count is "
                       f"{p['ours_over_peer']:.2f}x that.", ""]
+    by_name = {r["workload"]: r for r in results}
+    for name, r in by_name.items():  # what a preset costs in throughput, measured in this one run
+        prev = by_name.get(f"{name}-previous")
+        if prev:
+            ratio = r["best"]["e2e_fps"] / prev["best"]["e2e_fps"]
+            doc.setdefault("preset_vs_previous", {})[name] = ratio
+            lines += [f"**{name} with its preset against {name}-previous** (best actor count each): "
+                      f"{r['best']['e2e_fps']:,.0f} against {prev['best']['e2e_fps']:,.0f} FPS end-to-end, "
+                      f"{ratio:.0%}.", ""]
+    (out / "trainer.json").write_text(json.dumps(doc, indent=2, default=str))
     (out / "trainer.md").write_text("\n".join(lines) + "\n")
     _plot(results, out / "trainer.png")
     return out / "trainer.md"

@@ -33,13 +33,18 @@ def test_bench_trainer_tiny(tmp_path):
                      peer_steps=4096)
     row = r["rows"][0]
     assert row["env_ceiling_sps"] > 0 and row["learner_ceiling_sps"] > 0 and row["e2e_sps"] > 0
-    md = write_results([r], tmp_path)
+    prev = run_workload("cartpole-previous", [1], e2e_steps=6000, seconds=0.5, out=tmp_path,
+                        progress=lambda *_: None, peer_steps=0)
+    assert prev["config"]["run"]["preset"] == "none" and r["config"]["run"]["preset"] == "classic"
+    md = write_results([r, prev], tmp_path)
     text = md.read_text()
     assert "| 1 |" in text and "e2e / min(ceilings)" in text and "shared-core estimate" in text
+    assert "cartpole with its preset against cartpole-previous" in text
     assert (tmp_path / "trainer.png").stat().st_size > 1000
     doc = json.load(open(tmp_path / "trainer.json"))
     assert doc["workloads"][0]["best"]["actors"] == 1
     assert doc["workloads"][0]["peer_ppo_envpool"]["sps"] > 0
+    assert doc["preset_vs_previous"]["cartpole"] == doc["workloads"][0]["best"]["e2e_fps"] / prev["best"]["e2e_fps"]
 
 
 def test_telemetry_overhead_bench_tiny(tmp_path):

@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
-                   "(cartpole, pong, synthetic)")
+                   "(cartpole, pong, synthetic; cartpole-previous and pong-previous: the settings before each preset, "
+                   "to measure what the preset costs in the same run)")
     p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..2x usable CPUs)")
     p.add_argument("--steps", type=int, default=0, help="trainer: env steps per end-to-end run "
                    "(default 500k CartPole, 25k Pong); seeds: env steps per run (default 500k)")
