@@ -164,3 +164,19 @@ def test_dashes_and_underscores_both_work_in_field_names():
     add_config_arguments(p)
     args = p.parse_args([normalize_option(a) for a in ["--run.total-steps", "1000", "--learner.batch-size=8"]])
     assert cli_overrides(args) == {"run": {"total_steps": "1000"}, "learner": {"batch_size": "8"}}
+
+
+def test_shell_completion_of_commands_and_config_fields(tmp_path):
+    """argcomplete's protocol, as a shell hook drives it: the command line so far in, the completions out."""
+    import os
+
+    out = tmp_path / "completions"
+
+    def complete(line):
+        env = dict(os.environ, _ARGCOMPLETE="1", COMP_LINE=line, COMP_POINT=str(len(line)),
+                   _ARGCOMPLETE_STDOUT_FILENAME=str(out))
+        subprocess.run([sys.executable, "-m", "rlbalance"], env=env, check=True, timeout=120)
+        return out.read_text().replace("\x0b", "\n").split()
+
+    assert "train" in complete("rlbalance tr")
+    assert complete("rlbalance train --learner.batch") == ["--learner.batch_size"]

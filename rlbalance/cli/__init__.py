@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK
 """The rlbalance command line: one module per subcommand, a small dispatcher here."""
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_text, description=mod.__doc__, formatter_class=HelpFormatter)
         mod.add_arguments(p)
         modules[name] = mod
+    try:  # shell completion where argcomplete is installed: eval "$(register-python-argcomplete rlbalance)"
+        import argcomplete
+    except ImportError:
+        pass
+    else:
+        argcomplete.autocomplete(parser)
     args = parser.parse_args([normalize_option(a) for a in (sys.argv[1:] if argv is None else argv)])
     from ..actor_pool import ActorFailure
     from ..learner import NonFiniteLossError
