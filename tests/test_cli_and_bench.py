@@ -27,7 +27,7 @@ def test_cli_help_lists_documented_fields():
 
 
 def test_bench_trainer_tiny(tmp_path):
-    from bench.trainer import run_workload, write_results
+    from rlbalance.bench.trainer import run_workload, write_results
 
     r = run_workload("cartpole", [1], e2e_steps=6000, seconds=0.5, out=tmp_path, progress=lambda *_: None,
                      peer_steps=4096)
@@ -48,7 +48,7 @@ def test_bench_trainer_tiny(tmp_path):
 
 
 def test_telemetry_overhead_bench_tiny(tmp_path):
-    from bench.telemetry_overhead import run_overhead
+    from rlbalance.bench.telemetry_overhead import run_overhead
 
     r = run_overhead(steps=6000, repeats=1, out=tmp_path, progress=lambda *_: None)
     assert len(r["sps_on"]) == len(r["sps_off"]) == 1 and r["median_off"] > 0
@@ -57,7 +57,7 @@ def test_telemetry_overhead_bench_tiny(tmp_path):
 
 
 def test_sweep_bench_tiny(tmp_path):
-    from bench.sweep_bench import run_bench_sweep
+    from rlbalance.bench.sweep_bench import run_bench_sweep
 
     r = run_bench_sweep(tmp_path, [1, 2], 6000, "cartpole")
     assert r["cartpole"]["throughput_optimal_R"] in (1, 2)
@@ -88,7 +88,7 @@ def _refuse(name):
 def test_pong_curve_files_from_a_run(cfg_factory, tmp_path):
     """bench pong-curve --from-run: curve files in strict JSON with milestones, and the final policy as a
     run directory that rlbalance eval plays (a short synthetic run stands in for Pong)."""
-    from bench.pong_curve import write_curve
+    from rlbalance.bench.pong_curve import write_curve
     from rlbalance.cli import main as cli_main
     from rlbalance.train import train
 
@@ -180,3 +180,45 @@ def test_shell_completion_of_commands_and_config_fields(tmp_path):
 
     assert "train" in complete("rlbalance tr")
     assert complete("rlbalance train --learner.batch") == ["--learner.batch_size"]
+
+
+def test_wheel_holds_only_rlbalance_and_works_outside_the_source_tree(tmp_path):
+    """The built wheel installs one top-level package, `rlbalance` (the benchmarks inside it), with its data;
+    installed apart from the source tree, `--version`, `bench trainer --help` and a short training run work."""
+    import os
+    import zipfile
+
+    root = Path(__file__).parents[1]
+    import importlib.util
+
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w",
+                    str(tmp_path / "dist"), str(root)], check=True, timeout=600)
+    (wheel,) = (tmp_path / "dist").glob("rlbalance-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"rlbalance"}, top
+    assert "rlbalance/bench/trainer.py" in names and "rlbalance/data/systems.yaml" in names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, timeout=600)
+    env = dict(os.environ, PYTHONPATH=str(site))  # the installed copy, ahead of the editable source tree
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "rlbalance", *args], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=600)
+
+    where = subprocess.run([sys.executable, "-c", "import rlbalance, rlbalance.bench.trainer as t; print(t.__file__)"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(site)), where
+    import rlbalance
+
+    assert cli("--version").stdout.strip() == f"rlbalance {rlbalance.__version__}"
+    h = cli("bench", "trainer", "--help")
+    assert h.returncode == 0 and "cartpole-previous" in h.stdout
+    r = cli("train", "--run.total_steps", "3000", "--run.mode", "serial", "--telemetry.progress", "false",
+            "--telemetry.tensorboard", "false", "--telemetry.report", "false", "--run.name", "w")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((work / "runs" / "w" / "summary.json").read_text())["outcome"] == "completed"

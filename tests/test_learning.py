@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from bench.seeds import learning_curve
+from rlbalance.bench.seeds import learning_curve
 from rlbalance.train import train
 
 BUDGET = 500_000

@@ -19,7 +19,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback: 127.0.0.1 sta
 ray = pytest.importorskip("ray", reason="Ray is part of the test extra: pip install -e '.[test]'")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from bench.seeds import learning_curve  # noqa: E402
+from rlbalance.bench.seeds import learning_curve  # noqa: E402
 from rlbalance import config as C  # noqa: E402
 from rlbalance.train import train  # noqa: E402
 

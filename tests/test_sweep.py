@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from bench.trainer import learner_ceiling
+from rlbalance.bench.trainer import learner_ceiling
 from rlbalance import config as C
 from rlbalance.cli import main
 from rlbalance.ratio import analyse, write_outputs

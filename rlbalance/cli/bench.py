@@ -52,30 +52,30 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if args.name == "telemetry-overhead":
-        from bench.telemetry_overhead import run_overhead
+        from rlbalance.bench.telemetry_overhead import run_overhead
 
         r = run_overhead(args.steps or 300_000, args.repeats, out)
         print(f"telemetry overhead {r['overhead']:+.1%} (median {r['median_on']:,.0f} vs {r['median_off']:,.0f} SPS)")
         return 0
     if args.name == "ray":
-        from bench.ray_overhead import run_ray_overhead
+        from rlbalance.bench.ray_overhead import run_ray_overhead
 
         print(f"wrote {run_ray_overhead(out, [w for w in args.workloads.split(',') if w and w != 'pong'] or ['cartpole'], [int(x) for x in args.actors.split(',') if x] or [1, 2, 4], args.steps or 150_000)}")
         return 0
     if args.name == "planner":
-        from bench.planner_validation import run_validation
+        from rlbalance.bench.planner_validation import run_validation
 
         print(run_validation(out, [int(x) for x in args.actors.split(",") if x] or [1, 2, 3, 4],
                              args.steps or 200_000))
         return 0
     if args.name == "soak":
-        from bench.soak import run_soak
+        from rlbalance.bench.soak import run_soak
 
         r = run_soak(args.minutes * 60, out, warmup_s=min(120.0, args.minutes * 60 / 4))
         print(f"soak: RSS growth {r['rss_growth']:+.1%}, FPS per-minute CV {r['fps_cv']}; wrote {out / 'soak.md'}")
         return 0
     if args.name == "chaos":
-        from bench.chaos import run_chaos
+        from rlbalance.bench.chaos import run_chaos
 
         extra = C.parse_set(args.set)
         C.build(extra)  # a bad override fails here, naming the field, before any run
@@ -84,13 +84,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"chaos: {'passed' if r['ok'] else 'FAILED'}; faults {r['faults']}; wrote {out / 'chaos.md'}")
         return 0 if r["ok"] else 1
     if args.name == "sweep":
-        from bench.sweep_bench import run_bench_sweep
+        from rlbalance.bench.sweep_bench import run_bench_sweep
 
         print(run_bench_sweep(out, [int(x) for x in args.actors.split(",") if x] or [1, 2, 3, 4],
                               args.steps or 0, args.workloads))
         return 0
     if args.name == "seeds":
-        from bench.seeds import run_seeds
+        from rlbalance.bench.seeds import run_seeds
 
         modes = [m for m in args.modes.split(",") if m]
         bad = [m for m in modes if m not in ("central", "actor")]
@@ -102,14 +102,14 @@ def run(args: argparse.Namespace) -> int:
         print(run_seeds(out, args.seeds, args.steps or 500_000, modes, extra=extra))
         return 0
     if args.name == "pong-curve":
-        from bench.pong_curve import run_curve, write_curve
+        from rlbalance.bench.pong_curve import run_curve, write_curve
 
         if args.from_run:
             print(write_curve(Path(args.from_run), out))
         else:
             print(run_curve(args.frames, args.seed, out, extra=C.parse_set(args.set) or None))
         return 0
-    from bench.trainer import WORKLOADS, run_workload, write_results
+    from rlbalance.bench.trainer import WORKLOADS, run_workload, write_results
 
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     counts = [int(x) for x in args.actors.split(",") if x] or list(range(1, 2 * max(ncpu, 1) + 1))

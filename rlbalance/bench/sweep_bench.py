@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.trainer import WORKLOADS
+from rlbalance.bench.trainer import WORKLOADS
 from rlbalance.ratio import analyse, write_outputs
 from rlbalance.sweep import parse_axes, run_sweep
 

@@ -156,7 +156,7 @@ def run_workload(name: str, actor_counts: list[int], e2e_steps: int, seconds: fl
                "rows": rows, "best": best}
     if name == "cartpole" and peer_steps:
         try:
-            from bench.ppo_envpool import ppo_envpool_sps
+            from rlbalance.bench.ppo_envpool import ppo_envpool_sps
         except ImportError:
             peer = None
         else:
@@ -202,7 +202,7 @@ def write_results(results: list[dict], out: Path, note: str = "") -> Path:
                   f"{b['ratio_to_min_ceiling']:.0%} of min(env ceiling, learner ceiling)).", ""]
         if "peer_ppo_envpool" in r:
             p = r["peer_ppo_envpool"]
-            lines += [f"Peer in the same run: CleanRL-style PPO on EnvPool (bench/ppo_envpool.py, 8 envs, 4 epochs), "
+            lines += [f"Peer in the same run: CleanRL-style PPO on EnvPool (rlbalance/bench/ppo_envpool.py, 8 envs, 4 epochs), "
                       f"{p['sps']:,.0f} SPS over {p['steps']:,} steps; ours at the best actor count is "
                       f"{p['ours_over_peer']:.2f}x that.", ""]
     by_name = {r["workload"]: r for r in results}

@@ -3,7 +3,7 @@ trainings on CartPole and Pong with learner.device=cuda, a kernel-view capture, 
 NVML figures, which must be *measured* there, and quick GPU calibrations of Pong and CartPole (for
 `rlbalance plan --gpu-calibration`). Writes bench/results/gpu-check.json and gpu-calibration-*.json.
 
-  python -m bench.gpu_check            # exits 1 when there is no CUDA device
+  python -m rlbalance.bench.gpu_check            # exits 1 when there is no CUDA device
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def main(out: str = "bench/results") -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check", file=sys.stderr)
         return 1
-    from bench.trainer import learner_ceiling, workload_config
+    from rlbalance.bench.trainer import learner_ceiling, workload_config
     from rlbalance import config as C
     from rlbalance.profiling import profile_run
     from rlbalance.train import train

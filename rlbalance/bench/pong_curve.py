@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.trainer import workload_config
+from rlbalance.bench.trainer import workload_config
 
 MILESTONES = (-15.0, 18.0)
 

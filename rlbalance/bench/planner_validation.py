@@ -8,7 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
-from bench.trainer import WORKLOADS
+from rlbalance.bench.trainer import WORKLOADS
 from rlbalance import config as C
 from rlbalance.calibrate import run_calibration, save
 from rlbalance.planner import validate
