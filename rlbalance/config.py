@@ -51,8 +51,11 @@ WANDB_MODES = ("off", "offline", "online")
 class EnvConfig:
     """What the actors step."""
 
-    id: str = _f("CartPole-v1", "Environment id: a gymnasium id (CartPole-v1), an ALE id (ALE/Pong-v5) "
-                 "or 'synthetic' for the controlled CPU-cost environment.")
+    id: str = _f("CartPole-v1", "Environment id: a gymnasium id (CartPole-v1), an ALE id (ALE/Pong-v5), "
+                 "'synthetic' for the controlled CPU-cost environment, or your own env as 'module:EnvId' (the "
+                 "module is imported first, in the learner and in every actor, and registers EnvId).")
+    imports: tuple[str, ...] = _f((), "Modules to import before the env is made, in the learner and in every actor "
+                                  "(where your gymnasium.register calls live), e.g. [myenvs,myenvs.extra].")
     backend: str = _f("gymnasium", "Stepping backend: 'gymnasium' (one env object per env) or 'envpool' "
                       "(batched C++ envs, optional dependency).")
     # Atari preprocessing (DeepMind style); ignored by non-Atari envs.
@@ -79,6 +82,9 @@ class EnvConfig:
     def __post_init__(self) -> None:
         _require(bool(self.id), "env.id", self.id, "give a gymnasium id, an ALE id or 'synthetic'")
         _require(self.backend in ENV_BACKENDS, "env.backend", self.backend, f"one of {ENV_BACKENDS}")
+        for m in self.imports:
+            _require(bool(m) and all(part.isidentifier() for part in m.split(".")), "env.imports", self.imports,
+                     "dotted module names, e.g. [myenvs]")
         _require(self.noop_max >= 0, "env.noop_max", self.noop_max, "must be >= 0")
         _require(self.frameskip >= 1, "env.frameskip", self.frameskip, "must be >= 1")
         _require(self.screen_size >= 8, "env.screen_size", self.screen_size, "must be >= 8")

@@ -158,24 +158,64 @@ def make_single(cfg: EnvConfig, seed: int, render_mode: str | None = None) -> gy
         kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
         if render_mode:
             kwargs["render_mode"] = render_mode
-        env = gym.make(cfg.id, **kwargs)
+        env = gym.make(cfg.id.partition(":")[2] if ":" in cfg.id else cfg.id, **kwargs)
+        env = _flat_observations(env, cfg.id)
     env.action_space.seed(seed)
     return env
+
+
+def _flat_observations(env: gym.Env, env_id: str) -> gym.Env:
+    """Box observations pass as they are; Discrete (one-hot), MultiDiscrete, MultiBinary, Text, and Dict or Tuple
+    of those are flattened by gymnasium into one float32 vector. Variable-sized spaces are refused, naming them."""
+    space = env.observation_space
+    if isinstance(space, gym.spaces.Box):
+        return env
+    try:
+        flat = gym.spaces.flatten_space(space)
+    except NotImplementedError:
+        flat = None
+    if not isinstance(flat, gym.spaces.Box):  # variable-sized spaces (Sequence, Graph) have no fixed vector
+        env.close()
+        raise ConfigError(f"env.id={env_id!r}: its observation space {space} cannot be given to the network; "
+                          "supported: Box of any rank, Discrete, MultiDiscrete, MultiBinary, Text, and Dict or Tuple "
+                          "of those (flattened)")
+    return gym.wrappers.DtypeObservation(gym.wrappers.FlattenObservation(env), np.float32)
+
+
+def _import_user_modules(cfg: EnvConfig) -> str:
+    """Import env.imports and the module of a 'module:EnvId' id (as gymnasium.make would); the bare EnvId."""
+    import importlib
+
+    modules = list(cfg.imports)
+    env_id = cfg.id
+    if ":" in cfg.id:
+        module, _, env_id = cfg.id.partition(":")
+        modules.append(module)
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            field = "env.id" if ":" in cfg.id and m == cfg.id.partition(":")[0] else "env.imports"
+            raise ConfigError(f"{field}: cannot import module {m!r} ({e}); put it on PYTHONPATH (or install it), "
+                              "so the learner and every actor can import it") from e
+    return env_id
 
 
 def _check_id(cfg: EnvConfig) -> None:
     if cfg.id == "synthetic" or cfg.backend == "envpool":
         return
+    env_id = _import_user_modules(cfg)
     if cfg.is_atari:
         _register_ale()
     from .pixel_envs import register
 
     register()
-    if cfg.id not in gym.registry:
-        close = [k for k in gym.registry if cfg.id.lower().split("-")[0].split("/")[-1] in k.lower()][:5]
+    if env_id not in gym.registry:
+        close = [k for k in gym.registry if env_id.lower().split("-")[0].split("/")[-1] in k.lower()][:5]
         hint = f" (did you mean one of {close}?)" if close else ""
         raise ConfigError(f"env.id={cfg.id!r} is not a registered environment{hint}; use a gymnasium id such as "
-                          "CartPole-v1, an ALE id such as ALE/Pong-v5, or 'synthetic'")
+                          "CartPole-v1, an ALE id such as ALE/Pong-v5, 'synthetic', or your own as 'module:EnvId' "
+                          "(or list the module that registers it in env.imports)")
 
 
 class EnvPoolBatch:

@@ -1,3 +1,4 @@
+import json
 import numpy as np
 import pytest
 
@@ -119,3 +120,41 @@ def test_pong_unrolls_line_up(backend):
             assert np.array_equal(obs[j, t + 1, :, :3], obs[j, t, :, 1:])  # [K, stack, H, W]
     assert np.array_equal(obs[0, 30], obs[1, 0])
     assert obs.std(axis=(0, 1, 2)).max() > 0  # frames change
+
+
+def test_custom_env_from_the_cli_learns_in_actor_processes(tmp_path):
+    """`--env.id module:EnvId`: the module is imported in the learner and in every actor; its Discrete
+    observations arrive one-hot; a corridor walk is learned."""
+    from rlbalance.cli import main
+
+    rc = main(["train", "--env.id", "custom_envs:Corridor-v0", "--run.total_steps", "40000", "--run.out_dir",
+               str(tmp_path), "--run.name", "corridor", "--telemetry.progress", "false", "--telemetry.tensorboard",
+               "false", "--telemetry.report", "false"])
+    assert rc == 0
+    s = json.load(open(tmp_path / "corridor" / "summary.json"))
+    assert s["outcome"] == "completed" and s["preset"] == "classic"
+    assert s["episode_return_last100"] >= 0.9, s  # each episode ends at the goal, not the 20-step limit
+    last = json.loads((tmp_path / "corridor" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["episode_length"] <= 8, last  # 4 steps is the shortest walk
+
+
+def test_env_imports_and_flattened_spaces(tmp_path):
+    """env.imports registers a plain id; Tuple observations (Blackjack) are flattened to one float vector;
+    a space with no numeric form is refused before anything starts, naming it."""
+    from rlbalance.cli import main
+    from rlbalance.envs import probe_spec
+
+    spec = probe_spec(C.build({"env": {"id": "Corridor-v0", "imports": ["custom_envs"]}}).env)
+    assert spec.obs_shape == (5,) and spec.obs_dtype == np.float32 and spec.num_actions == 2
+    spec = probe_spec(C.build({"env": {"id": "Blackjack-v1"}}).env)
+    assert spec.obs_shape == (45,) and spec.obs_dtype == np.float32  # one-hots of 32, 11 and 2
+    envs = EnvBatch(C.EnvConfig(id="Blackjack-v1"), 2, seed=0)
+    obs = envs.reset()
+    assert obs.shape == (2, 45) and set(np.unique(obs)) <= {0.0, 1.0} and (obs.sum(axis=1) >= 2).all()
+    envs.close()
+    with pytest.raises(C.ConfigError, match=r"Sequence.*supported: Box of any rank"):
+        probe_spec(C.build({"env": {"id": "custom_envs:Varying-v0"}}).env)
+    assert main(["train", "--env.id", "custom_envs:Varying-v0", "--run.out_dir", str(tmp_path)]) == 2
+    assert not any(tmp_path.iterdir())  # refused before a run directory was made
+    with pytest.raises(C.ConfigError, match=r"env.imports: cannot import module 'no_such_module'"):
+        probe_spec(C.build({"env": {"id": "CartPole-v1", "imports": ["no_such_module"]}}).env)
