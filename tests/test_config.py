@@ -58,10 +58,14 @@ def test_round_trip_through_json():
 
 
 def test_cli_reports_bad_value_before_anything_runs(tmp_path, capsys):
-    rc = main(["train", "--learner.batch_size", "33", "--run.out_dir", str(tmp_path)])
+    rc = main(["train", "--learner.batch_size", "33", "--run.preset", "none", "--run.out_dir", str(tmp_path)])
     assert rc == 2
     err = capsys.readouterr().err
     assert "learner.batch_size" in err and "multiple of actors.envs_per_actor" in err
+    # with the classic preset's 4 minibatches, the first check to fail names both fields
+    assert main(["train", "--learner.batch_size", "33", "--run.out_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "learner.minibatches=4" in err and "learner.batch_size=33" in err
     assert not any(tmp_path.iterdir())  # no run directory was created
 
 
