@@ -47,7 +47,7 @@ def test_serial_and_parallel_learn_alike(cfg_factory):
                               telemetry={"tensorboard": False, "log_interval_s": 0.2}))
         curves[mode] = learning_curve(s["run_dir"])
     for mode, c in curves.items():
-        early = [r for st, r in c if st <= 30_000] or [c[0][1]]
+        early = [r for st, r in c if st <= 5_000] or [c[0][1]]  # the first few updates: near random play
         late = [r for st, r in c if st >= 250_000]
         # the same shape: low at first, then up by a large factor
         assert max(early) < 100, (mode, c)

@@ -61,7 +61,7 @@ def test_cartpole_learns_with_actors_on_two_nodes(cluster, cfg_factory):
     # run differ, so the 400 bar belongs to the deterministic serial runner; a parallel or Ray run must show
     # the learning shape. (A best-400 assertion here failed once in a clean-clone run: best 371.7; the
     # default config reaches 475 on 7 of 8 seeds, bench/results/seeds/.)
-    early = [r for st, r in curve if st <= 30_000] or [curve[0][1]]
+    early = [r for st, r in curve if st <= 5_000] or [curve[0][1]]  # the first few updates: near random play
     late = [r for st, r in curve if st >= 400_000]
     assert max(early) < 100 and statistics.mean(late) > 3 * statistics.mean(early), curve
     assert max(r for _, r in curve) >= 200, curve  # random play scores about 22

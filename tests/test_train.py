@@ -74,7 +74,8 @@ def test_pong_trains_end_to_end_on_two_actors(cfg_factory):
 def test_actor_side_inference_trains(cfg_factory):
     s = train(cfg_factory(inference={"mode": "actor"}, run={"total_steps": 20_000, "name": "actorinf"}))
     assert s["inference"] == "actor" and s["steps"] >= 20_000
-    assert _records(s["run_dir"])[-1]["policy_lag"] >= 0
+    lags = [r["policy_lag"] for r in _records(s["run_dir"]) if r["policy_lag"] is not None]
+    assert lags and min(lags) >= 0  # (a final record with no update since the one before has no lag: null)
 
 
 def test_synthetic_env_serial_and_parallel(cfg_factory):
