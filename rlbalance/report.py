@@ -9,6 +9,8 @@ import io
 import json
 from pathlib import Path
 
+from .verdict import VERDICTS, advise
+
 
 def _load(run: Path) -> dict:
     d = {"metrics": [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]}
@@ -238,7 +240,10 @@ def write_report(run: str | Path) -> Path:
     d = _load(run)
     write_csv(run, d)
     s, tel, hw = d["summary"], d["telemetry"], d["meta"].get("hardware", {})
-    v = tel.get("verdict", {})
+    v = dict(tel.get("verdict", {}))
+    if v.get("verdict") in VERDICTS and "device" in s:  # the advice for the machine the run was on
+        v["advice"] = advise(v["verdict"], {"gpus": len(hw.get("gpus", [])), "learner_device": s["device"]},
+                             s.get("inference") == "central", (v.get("figures") or {}).get("cpu_util_mean"))
     rows = [("outcome", s.get("outcome")), ("env", s.get("env")), ("mode", f"{s.get('mode')}, {s.get('inference')} inference"),
             ("model / device", f"{s.get('model')} on {s.get('device')}"), ("env steps", s.get("steps")),
             ("sustained FPS (env frames/s)", s.get("fps_sustained")), ("sustained SPS (env steps/s)", s.get("sps_sustained")),
