@@ -100,6 +100,10 @@ def test_pong_curve_files_from_a_run(cfg_factory, tmp_path):
     doc = json.loads((out / "pong-curve.json").read_text(), parse_constant=_refuse)
     assert doc["frames"] == s["frames"] and doc["run_dir"] == "curve" and set(doc["milestones"]) == {"-15", "+18"}
     assert (out / "pong-curve.png").stat().st_size > 0 and (out / "pong-curve.csv").read_text().count("\n") > 2
+    from rlbalance.bench.pong_curve import plot_seeds
+
+    plot_seeds([out / "pong-curve.json", out / "pong-curve.json"], tmp_path / "seeds.png")
+    assert (tmp_path / "seeds.png").stat().st_size > 0
     assert r["outcome"] == "completed"
     assert cli_main(["eval", str(out / "policy"), "--episodes", "2", "--envs", "2"]) == 0
 

@@ -140,3 +140,33 @@ def _plot(rows: list[dict], result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_seeds(results: list[Path], path: Path) -> None:
+    """The curves of several pong-curve results (their pong-curve.json) on one figure: return against frames and
+    against wall time, one line per seed, with the +18 and -15 marks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for p in results:
+        r = json.loads(Path(p).read_text())
+        pts = [c for c in r["curve"] if c["return"] is not None]
+        label = f"seed {r['seed']} (+18 at " + (f"{r['milestones']['+18']['frames'] / 1e6:.2f}M frames)"
+                                              if r["milestones"].get("+18") else "not reached)")
+        a.plot([c["frames"] / 1e6 for c in pts], [c["return"] for c in pts], label=label)
+        b.plot([c["wall_s"] / 60 for c in pts], [c["return"] for c in pts], label=f"seed {r['seed']}")
+    for ax in (a, b):
+        ax.axhline(18, color="gray", ls="--", lw=0.8)
+        ax.axhline(-15, color="gray", ls=":", lw=0.8)
+        ax.grid(alpha=0.3)
+    a.set_xlabel("env frames (millions)")
+    b.set_xlabel("wall time (minutes, this 2-vCPU machine)")
+    a.set_ylabel("mean return, last 100 games")
+    a.legend(fontsize=8, loc="lower right")
+    fig.suptitle("Pong with the Atari preset: seeds side by side")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
