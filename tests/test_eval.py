@@ -71,6 +71,8 @@ def test_eval_video_writes_a_playable_mp4(cfg_factory, tmp_path, capsys):
     assert fps == 50  # CartPole's render_fps
     steps = int(re.search(r"(\d+) frames at", printed).group(1))
     assert 2 <= n == steps <= 41  # the first frame, then one per step, cut at --video-steps
+    seconds = float(re.search(r"\(([0-9.]+) s\)", printed).group(1))
+    assert abs(n / fps - seconds) < 0.05  # the duration the player shows is the one reported
     assert not list(tmp_path.glob("*.tmp.mp4"))
 
 
