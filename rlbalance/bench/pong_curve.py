@@ -154,8 +154,9 @@ def plot_seeds(results: list[Path], path: Path) -> None:
     for p in results:
         r = json.loads(Path(p).read_text())
         pts = [c for c in r["curve"] if c["return"] is not None]
-        label = f"seed {r['seed']} (+18 at " + (f"{r['milestones']['+18']['frames'] / 1e6:.2f}M frames)"
-                                              if r["milestones"].get("+18") else "not reached)")
+        hit = r["milestones"].get("+18")
+        label = f"seed {r['seed']} (" + (f"+18 at {hit['frames'] / 1e6:.2f}M frames)" if hit else
+                                         f"+18 not reached; {r['final_return_last100']:+.1f} at the end)")
         a.plot([c["frames"] / 1e6 for c in pts], [c["return"] for c in pts], label=label)
         b.plot([c["wall_s"] / 60 for c in pts], [c["return"] for c in pts], label=f"seed {r['seed']}")
     for ax in (a, b):
