@@ -29,8 +29,8 @@ class RolloutBuffers:
     """``n`` unroll buffers, each [T+1, K]; row t holds x_t, a_t, behaviour logits, r_t, done_t."""
 
     obs: torch.Tensor       # [n, T+1, K, *obs_shape]
-    action: torch.Tensor    # [n, T+1, K] int64
-    logits: torch.Tensor    # [n, T+1, K, A] float32
+    action: torch.Tensor    # [n, T+1, K] int64 (Discrete), [n, T+1, K, dim] int64 or float32 (see distributions)
+    logits: torch.Tensor    # [n, T+1, K, P] float32: the behaviour policy's parameters
     reward: torch.Tensor    # [n, T+1, K] float32
     done: torch.Tensor      # [n, T+1, K] bool: the episode (for learning) ended after a_t
     truncated: torch.Tensor  # [n, T+1, K] bool: ...by a time limit; bootstrap from final_obs
@@ -48,7 +48,7 @@ class RolloutBuffers:
 
         return cls(
             obs=z((n, t + 1, k, *spec.obs_shape), torch_dtype(spec.obs_dtype)),
-            action=z((n, t + 1, k), torch.int64),
+            action=z((n, t + 1, k, *spec.action.store_shape), spec.action.torch_dtype),
             logits=z((n, t + 1, k, spec.num_actions), torch.float32),
             reward=z((n, t + 1, k), torch.float32),
             done=z((n, t + 1, k), torch.bool),
@@ -97,8 +97,8 @@ class StepSlots:
     """Per-actor slots for central inference: the actor writes obs, the server writes actions."""
 
     obs: torch.Tensor      # [num_actors, K, *obs_shape]
-    action: torch.Tensor   # [num_actors, K] int64
-    logits: torch.Tensor   # [num_actors, K, A]
+    action: torch.Tensor   # [num_actors, K, *action store shape]
+    logits: torch.Tensor   # [num_actors, K, P]
     version: torch.Tensor  # [num_actors] int64
 
     @classmethod
@@ -108,7 +108,7 @@ class StepSlots:
             return x.share_memory_() if shared else x
 
         return cls(obs=z((num_actors, k, *spec.obs_shape), torch_dtype(spec.obs_dtype)),
-                   action=z((num_actors, k), torch.int64),
+                   action=z((num_actors, k, *spec.action.store_shape), spec.action.torch_dtype),
                    logits=z((num_actors, k, spec.num_actions), torch.float32),
                    version=z((num_actors,), torch.int64))
 

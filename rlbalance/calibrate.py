@@ -58,8 +58,7 @@ def env_step_us(cfg: C.Config, k: int, seconds: float = 0.6) -> float:
     envs = EnvBatch(cfg.env, k, 0)
     envs.reset()
     rng = np.random.default_rng(0)
-    n = envs.spec.num_actions
-    t = _median_time(lambda: envs.step(rng.integers(0, n, k)), reps=3, min_s=seconds / 3)
+    t = _median_time(lambda: envs.step(envs.spec.action.random(rng, k)), reps=3, min_s=seconds / 3)
     envs.close()
     return t / k * 1e6
 
@@ -67,8 +66,10 @@ def env_step_us(cfg: C.Config, k: int, seconds: float = 0.6) -> float:
 class _ConstantPolicy:
     """Answers at once with action 0: what is left is the actor loop's own cost."""
 
-    def __init__(self, k: int, num_actions: int):
-        self.answer = (np.zeros(k, dtype=np.int64), np.zeros((k, num_actions), dtype=np.float32), 0)
+    def __init__(self, k: int, spec):
+        action = spec.action
+        zeros = np.zeros((k, *action.store_shape), dtype=np.float32 if action.kind == "box" else np.int64)
+        self.answer = (zeros, np.zeros((k, spec.num_actions), dtype=np.float32), 0)
 
     def request(self, obs) -> None:
         pass
@@ -85,7 +86,7 @@ def actor_loop_us(cfg: C.Config, k: int, seconds: float = 0.6) -> float:
     spec = envs.spec
     bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, spec, shared=False)
     view = bufs.view(0)
-    rollout = Rollout(envs, _ConstantPolicy(k, spec.num_actions))
+    rollout = Rollout(envs, _ConstantPolicy(k, spec))
     t = _median_time(lambda: rollout.fill(view), reps=3, min_s=seconds / 3)
     envs.close()
     return t / (cfg.learner.unroll_length * k) * 1e6

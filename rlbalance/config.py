@@ -189,6 +189,10 @@ class LearnerConfig:
     normalize_advantages: bool = _f(True, "Normalize the policy-gradient advantages over each batch (zero mean, unit "
                                     "std); makes the policy step independent of the reward scale.")
     reward_clip: float = _f(0.0, "Clip rewards to [-x, x] (0: no clipping; Atari uses 1).")
+    reward_scale: float = _f(1.0, "Multiply rewards by this before clipping and learning (returns and reports stay "
+                             "in the env's units); keeps the value loss of large-reward tasks in range.")
+    normalize_observations: bool = _f(False, "Normalise vector observations by their running mean and variance "
+                                      "(updated from each batch, clipped to +/-10, saved in checkpoints); MLP only.")
     torch_threads: int = _f(1, "torch intra-op threads in the learner process.")
 
     def __post_init__(self) -> None:
@@ -209,6 +213,7 @@ class LearnerConfig:
         for name in ("clip_rho", "clip_c", "clip_pg_rho"):
             _require(getattr(self, name) > 0, f"learner.{name}", getattr(self, name), "must be > 0")
         _require(self.reward_clip >= 0, "learner.reward_clip", self.reward_clip, "must be >= 0")
+        _require(self.reward_scale > 0, "learner.reward_scale", self.reward_scale, "must be > 0")
         _require(self.torch_threads >= 1, "learner.torch_threads", self.torch_threads, "must be >= 1")
         _require(self.devices >= 1, "learner.devices", self.devices, "must be >= 1")
         _require(0.0 < self.vtrace_lambda <= 1.0, "learner.vtrace_lambda", self.vtrace_lambda, "must be in (0, 1]")
@@ -277,7 +282,7 @@ class RunConfig:
     max_seconds: float = _f(0.0, "Stop after this many seconds of training, counted from the first "
                                  "update, so process start-up is not part of it (0: no limit).")
     preset: str = _f("auto", "Settings of an env family under the config file and command line: 'auto' picks "
-                     "it from env.id ('atari' for ALE ids, 'toy' for rlbalance/ ids, 'synthetic', 'classic' for the rest), "
+                     "it from env.id ('atari' for ALE ids, 'toy' for rlbalance/ ids, 'synthetic', 'continuous' for Box actions, 'classic' for the rest), "
                      "'none' uses the bare defaults; "
                      "config.json records the one used.")
 
@@ -452,7 +457,8 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     overrides = overrides or {}
     env_id = coerce("env", "id", (overrides.get("env") or {}).get("id", EnvConfig.id))
     name = coerce("run", "preset", (overrides.get("run") or {}).get("preset", RunConfig.preset))
-    name = presets.resolve(name, env_id)  # an unknown name has no layer; RunConfig refuses it by name
+    imports = tuple(coerce("env", "imports", (overrides.get("env") or {}).get("imports", EnvConfig.imports)))
+    name = presets.resolve(name, env_id, imports)  # an unknown name has no layer; RunConfig refuses it by name
     overrides = merge(presets.layer(name), overrides, {"run": {"preset": name}})
     sections = {}
     for sec, cls in SECTIONS.items():

@@ -16,14 +16,24 @@ import gymnasium as gym
 import numpy as np
 
 from .config import ConfigError, EnvConfig
+from .distributions import ActionSpec
 
 
 @dataclass(frozen=True)
 class EnvSpec:
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
-    num_actions: int
+    num_actions: int  # the policy's outputs per env as recorded: a Discrete space's n, else action.param_size
     frames_per_step: int
+    action: ActionSpec | None = None  # None: Discrete(num_actions)
+
+    def __post_init__(self):
+        if self.action is None:
+            object.__setattr__(self, "action", ActionSpec.discrete(self.num_actions))
+
+    @classmethod
+    def of(cls, obs_shape, obs_dtype, action: ActionSpec, frames_per_step: int) -> "EnvSpec":
+        return cls(tuple(obs_shape), np.dtype(obs_dtype), action.param_size, frames_per_step, action)
 
 
 class StepResult(NamedTuple):
@@ -201,6 +211,29 @@ def _import_user_modules(cfg: EnvConfig) -> str:
     return env_id
 
 
+def user_module_dirs(cfg: EnvConfig) -> list[str]:
+    """The folders this process imports env.imports and a 'module:EnvId' module from (for processes that do
+    not inherit its sys.path, such as Ray workers on this machine)."""
+    import importlib.util
+    import os
+
+    names = list(cfg.imports) + ([cfg.id.partition(":")[0]] if ":" in cfg.id else [])
+    dirs = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+            continue
+        top = os.path.dirname(spec.origin)
+        for _ in range(name.count(".") + (1 if spec.submodule_search_locations else 0)):
+            top = os.path.dirname(top)  # the folder that holds the top-level package
+        if top not in dirs:
+            dirs.append(top)
+    return dirs
+
+
 def _check_id(cfg: EnvConfig) -> None:
     if cfg.id == "synthetic" or cfg.backend == "envpool":
         return
@@ -244,8 +277,8 @@ class EnvPoolBatch:
         self.env = envpool.make_gymnasium(task, num_envs=k, seed=seed, num_threads=1, **kwargs)
         self.atari = cfg.is_atari
         space = self.env.observation_space
-        self.spec = EnvSpec(tuple(space.shape), np.dtype(space.dtype), int(self.env.action_space.n),
-                            cfg.frameskip if cfg.is_atari else 1)
+        self.action = ActionSpec.from_space(self.env.action_space, cfg.id)
+        self.spec = EnvSpec.of(space.shape, space.dtype, self.action, cfg.frameskip if cfg.is_atari else 1)
         self.k = k
 
     def reset(self) -> np.ndarray:
@@ -253,7 +286,8 @@ class EnvPoolBatch:
         return obs
 
     def step(self, actions: np.ndarray):
-        obs, rew, term, trunc, info = self.env.step(actions.astype(np.int32))
+        env_actions = actions.astype(np.int32) if self.action.kind == "discrete" else self.action.batch_to_env(actions)
+        obs, rew, term, trunc, info = self.env.step(env_actions)
         done = term | trunc
         final = obs.copy() if trunc.any() else None
         game_over = done.copy()
@@ -262,7 +296,8 @@ class EnvPoolBatch:
         if done.any():
             ids = np.nonzero(done)[0]
             obs = obs.copy()
-            obs[ids], *_ = self.env.step(np.zeros(len(ids), dtype=np.int32), env_id=ids)
+            noop = np.zeros((len(ids), *env_actions.shape[1:]), dtype=env_actions.dtype)
+            obs[ids], *_ = self.env.step(noop, env_id=ids)
         return obs, rew.astype(np.float32), done, trunc & ~term, game_over, final
 
     def close(self) -> None:
@@ -290,11 +325,12 @@ class EnvBatch:
         else:
             self.envs = [make_single(cfg, seed + i) for i in range(k)]
             space = self.envs[0].observation_space
-            if not isinstance(self.envs[0].action_space, gym.spaces.Discrete):
-                raise ConfigError(f"env.id={cfg.id!r} has action space {self.envs[0].action_space}; rlbalance's "
-                                  "V-trace learner supports Discrete action spaces only")
-            self.spec = EnvSpec(tuple(space.shape), np.dtype(space.dtype), int(self.envs[0].action_space.n),
-                                cfg.frameskip if cfg.is_atari else 1)
+            try:
+                action = ActionSpec.from_space(self.envs[0].action_space, cfg.id)
+            except ConfigError:
+                self.close()
+                raise
+            self.spec = EnvSpec.of(space.shape, space.dtype, action, cfg.frameskip if cfg.is_atari else 1)
         self.obs = np.zeros((k, *self.spec.obs_shape), dtype=self.spec.obs_dtype)
         self.reward = np.zeros(k, dtype=np.float32)
         self.done = np.zeros(k, dtype=bool)
@@ -333,8 +369,9 @@ class EnvBatch:
             if trunc.any():
                 self.final_obs[trunc] = final[trunc]
         else:
+            to_env = self.spec.action.to_env
             for i, env in enumerate(self.envs):
-                obs, rew, term, trunc, info = env.step(int(actions[i]))
+                obs, rew, term, trunc, info = env.step(to_env(actions[i]))
                 done = term or trunc
                 self.reward[i] = rew
                 self.done[i] = done

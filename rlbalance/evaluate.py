@@ -63,8 +63,8 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
             with torch.inference_mode():
                 x = torch.from_numpy(obs).to(dev)
                 if greedy:
-                    logits, _ = model(x)
-                    actions = logits.argmax(dim=-1)
+                    params, _ = model(x)
+                    actions = model.action.mode(params)
                 else:
                     actions, _ = model.act(x, gen)
             r = envs.step(actions.cpu().numpy())
@@ -165,12 +165,11 @@ def record_video(run_dir: str | Path, out: str | Path | None = None, greedy: boo
             with torch.inference_mode():
                 x = torch.as_tensor(np.asarray(obs, dtype=spec.obs_dtype)[None]).to(dev)
                 if greedy:
-                    logits, _ = model(x)
-                    action = int(logits.argmax(dim=-1)[0])
+                    params, _ = model(x)
+                    a = model.action.mode(params)
                 else:
                     a, _ = model.act(x, gen)
-                    action = int(a[0])
-            obs, r, term, trunc, info = env.step(action)
+            obs, r, term, trunc, info = env.step(model.action.to_env(a[0].cpu().numpy()))
             ret += float(r)
             steps += 1
             over = bool(trunc) or (bool(term) and info.get("game_over", True))

@@ -128,7 +128,7 @@ class InferenceServer(threading.Thread):
                     self._ev[1].record()
                 version = self.version_fn()
             with timer.stage("d2h"):
-                slots.action[idx] = actions.view(len(ids), self.k).cpu()  # synchronises the stream
+                slots.action[idx] = actions.view(len(ids), self.k, *actions.shape[1:]).cpu()  # synchronises the stream
                 slots.logits[idx] = logits.view(len(ids), self.k, -1).float().cpu()
                 slots.version[idx] = version
             if self.pinned is not None:

@@ -7,7 +7,6 @@ import copy
 import time
 
 import torch
-import torch.nn.functional as F
 
 from .config import LearnerConfig
 from .model import ActorCritic
@@ -46,7 +45,9 @@ class Learner:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="learner-shard")
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+        self.action = model.action  # the action space's distribution (rlbalance.distributions)
+        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
+                                          lr=cfg.learning_rate, eps=cfg.adam_eps)
         self.updates = 0
         self.steps = 0  # environment steps consumed
         self.cuda = device.type == "cuda"
@@ -78,10 +79,10 @@ class Learner:
         logits, values = model(b["obs"].reshape(t1 * n, *b["obs"].shape[2:]))
         logits = logits.reshape(t1, n, -1)
         values = values.reshape(t1, n)
-        actions = b["action"][:t].long()
-        target_logp_all = F.log_softmax(logits[:t], dim=-1)
-        target_logp = target_logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        behaviour_logp = F.log_softmax(b["logits"][:t].float(), dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        dist = self.action
+        actions = b["action"][:t]
+        target_logp = dist.log_prob(logits[:t], actions)
+        behaviour_logp = dist.log_prob(b["logits"][:t].float(), actions)
         if targets is None:
             targets = self._targets(b, model, target_logp.detach() - behaviour_logp, values.detach())
         vs, adv = targets
@@ -97,7 +98,7 @@ class Learner:
         else:
             pg_loss = -(target_logp * adv).mean()
         baseline_loss = 0.5 * ((vs - values[:t]) ** 2).mean()
-        entropy = -(target_logp_all.exp() * target_logp_all).sum(-1).mean()
+        entropy = dist.entropy(logits[:t]).mean()
         total = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
         stats.update(pg_loss=pg_loss, baseline_loss=baseline_loss, entropy=entropy, total_loss=total)
         return total, stats, targets
@@ -109,6 +110,8 @@ class Learner:
         cfg = self.cfg
         t = values.shape[0] - 1
         rewards = b["reward"][:t].float()
+        if cfg.reward_scale != 1.0:
+            rewards = rewards * cfg.reward_scale
         if cfg.reward_clip:
             rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
         discounts = (1.0 - b["done"][:t].float()) * cfg.discount
@@ -135,6 +138,7 @@ class Learner:
         if self.cuda:
             self._ev_start.record()
         lr = self._set_lr()
+        self._update_obs_norm(b["obs"])
         n = b["action"].shape[1]
         m = cfg.minibatches
         vs = adv = None
@@ -175,6 +179,14 @@ class Learner:
         grad_norm = out.pop("grad_norm")
         return self._count(b["action"], out, grad_norm, lr, t1 - t0, fwd_bwd, optim)
 
+    def _update_obs_norm(self, obs: torch.Tensor) -> None:
+        """Fold the batch's observations (rows 0..T-1; row T is the next unroll's first) into the running
+        statistics, under the step lock so a concurrent inference pass sees old or new statistics, not a mix."""
+        norm = getattr(self.model, "obs_norm", None)
+        if norm is not None:
+            with self.step_lock:
+                norm.update(obs[:-1])
+
     def _set_lr(self) -> float:
         lr = self.lr_now()
         for g in self.optimizer.param_groups:
@@ -210,6 +222,7 @@ class Learner:
         t0 = time.perf_counter()
         shards = [{k: v.chunk(n, dim=1)[i] for k, v in batch.items() if k != "version"} for i in range(n)]
         lr = self._set_lr()
+        self._update_obs_norm(batch["obs"].to(self.device))
         for m in models:
             m.zero_grad(set_to_none=True)
 
@@ -226,6 +239,8 @@ class Learner:
         t1 = time.perf_counter()
         with torch.no_grad():
             for p0, *ps in zip(self.model.parameters(), *[r.parameters() for r in self.replicas]):
+                if p0.grad is None:  # statistics without gradients (observation normalisation)
+                    continue
                 for p in ps:
                     p0.grad.add_(p.grad.to(p0.device))
                 p0.grad.div_(n)

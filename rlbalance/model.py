@@ -7,45 +7,89 @@ import torch
 from torch import nn
 
 from .config import ConfigError, LearnerConfig
+from .distributions import ActionSpec
 from .envs import EnvSpec
 
 
-class ActorCritic(nn.Module):
-    """``forward(obs) -> (logits [N, A], value [N])``; uint8 observations are scaled to [0, 1]."""
+class ObsNorm(nn.Module):
+    """Running mean and variance of the observations (parallel Welford updates from each training batch),
+    applied as (x - mean) / sqrt(var + eps) clipped to [-clip, clip]. The statistics are parameters without
+    gradients, so checkpoints, actor-side weight copies and replicas carry them with the weights."""
 
-    def __init__(self, torso: nn.Module, torso_out: int, num_actions: int, value_torso: nn.Module | None = None):
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0):
         super().__init__()
+        self.mean = nn.Parameter(torch.zeros(shape), requires_grad=False)
+        self.var = nn.Parameter(torch.ones(shape), requires_grad=False)
+        self.count = nn.Parameter(torch.full((1,), 1e-4), requires_grad=False)
+        self.clip = clip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Fold a batch [..., *shape] into the statistics."""
+        x = x.reshape(-1, *self.mean.shape).float()
+        n = x.shape[0]
+        if n == 0:
+            return
+        b_mean, b_var = x.mean(0), x.var(0, unbiased=False)
+        total = self.count + n
+        delta = b_mean - self.mean
+        m2 = self.var * self.count + b_var * n + delta.pow(2) * self.count * n / total
+        self.mean.add_(delta * n / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+
+class ActorCritic(nn.Module):
+    """``forward(obs) -> (policy parameters [N, P], value [N])``; uint8 observations are scaled to [0, 1].
+
+    The policy parameters are those of ``action`` (rlbalance.distributions): logits for discrete spaces,
+    [mean, log_std] for a Box (the log-std a state-independent parameter)."""
+
+    def __init__(self, torso: nn.Module, torso_out: int, num_actions: int | ActionSpec,
+                 value_torso: nn.Module | None = None, obs_norm: ObsNorm | None = None):
+        super().__init__()
+        self.action = num_actions if isinstance(num_actions, ActionSpec) else ActionSpec.discrete(num_actions)
         self.torso = torso
         # A separate value torso (MLP default) keeps the large value-loss gradients out of the policy's features.
         self.value_torso = value_torso
-        self.policy = nn.Linear(torso_out, num_actions)
+        self.obs_norm = obs_norm
+        self.policy = nn.Linear(torso_out, self.action.head_size)
         self.baseline = nn.Linear(torso_out, 1)
+        self.log_std = nn.Parameter(torch.zeros(self.action.dim)) if self.action.kind == "box" else None
         nn.init.orthogonal_(self.policy.weight, 0.01)
         nn.init.zeros_(self.policy.bias)
         nn.init.orthogonal_(self.baseline.weight, 1.0)
         nn.init.zeros_(self.baseline.bias)
 
-    @staticmethod
-    def _prep(obs: torch.Tensor) -> torch.Tensor:
+    def _prep(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        if self.obs_norm is not None:
+            x = self.obs_norm(x)
         if x.dim() == 4:  # images: channels-last convolutions are ~25% faster on a CPU (oneDNN) and suit GPUs
             x = x.contiguous(memory_format=torch.channels_last)
         return x
+
+    def _params(self, h: torch.Tensor) -> torch.Tensor:
+        out = self.policy(h)
+        if self.log_std is not None:
+            out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
+        return out
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._prep(obs)
         h = self.torso(x)
         hv = h if self.value_torso is None else self.value_torso(x)
-        return self.policy(h), self.baseline(hv).squeeze(-1)
+        return self._params(h), self.baseline(hv).squeeze(-1)
 
     @torch.inference_mode()
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample actions; returns (actions [N] int64, logits [N, A]). The value head is not evaluated."""
-        logits = self.policy(self.torso(self._prep(obs)))
-        # Gumbel-max: argmax(logits + Gumbel noise) is a sample from softmax(logits).
-        u = torch.rand(logits.shape, generator=generator, device=logits.device).clamp_(1e-20, 1.0)
-        actions = (logits - torch.log(-torch.log(u))).argmax(dim=-1)
-        return actions, logits
+        """Sample actions; returns (actions [N] or [N, dim], policy parameters [N, P]). The value head is not
+        evaluated."""
+        params = self._params(self.torso(self._prep(obs)))
+        return self.action.sample(params, generator), params
 
 
 def _mlp(in_dim: int, hidden: tuple[int, ...]) -> nn.Sequential:
@@ -86,13 +130,14 @@ def build_model(cfg: LearnerConfig, spec: EnvSpec) -> ActorCritic:
     kind = resolve_model(cfg, spec)
     if kind == "mlp":
         in_dim = int(np.prod(spec.obs_shape))
-        return ActorCritic(_mlp(in_dim, cfg.hidden_sizes), cfg.hidden_sizes[-1], spec.num_actions,
-                           value_torso=_mlp(in_dim, cfg.hidden_sizes))
+        norm = ObsNorm(tuple(spec.obs_shape)) if cfg.normalize_observations else None
+        return ActorCritic(_mlp(in_dim, cfg.hidden_sizes), cfg.hidden_sizes[-1], spec.action,
+                           value_torso=_mlp(in_dim, cfg.hidden_sizes), obs_norm=norm)
     if len(spec.obs_shape) != 3 or spec.obs_shape[1] < 36 or spec.obs_shape[2] < 36:
         raise ConfigError(f"learner.model='nature_cnn' needs observations shaped [channels, H, W] with H, W >= 36; "
                           f"this env gives {list(spec.obs_shape)}: use learner.model=mlp")
     torso, out = _nature_cnn(spec.obs_shape[0], spec.obs_shape[1])
-    return ActorCritic(torso, out, spec.num_actions)
+    return ActorCritic(torso, out, spec.action)
 
 
 def resolve_devices(name: str, n: int) -> list[torch.device]:

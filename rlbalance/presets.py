@@ -9,6 +9,7 @@ Each preset names where its numbers come from and the measured runs that justifi
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -24,6 +25,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # classic preset (16 optimizer steps per batch) that test failed its bar in the same budget (one serial run)
     # and took over 6 minutes here (the machine was shared with a Pong run).
     "toy": {},
+    # Continuous control (Box actions: gymnasium's MuJoCo tasks, Pendulum): a diagonal Gaussian policy on the MLP,
+    # observations normalised by running statistics. APPO as in the classic preset, with the settings of
+    # CleanRL's PPO for continuous control where they carry over (Adam 3e-4, clip 0.2, lambda 0.95, 10 epochs,
+    # entropy 0, grad norm 0.5, observation normalisation); rewards scaled by 0.1 in place of its running
+    # return normalisation. Justification: tests/test_continuous.py (Pendulum), bench/results/mujoco/.
+    "continuous": {"learner": {"epochs": 10, "minibatches": 4, "learning_rate": 3e-4, "ppo_clip": 0.2,
+                               "vtrace_lambda": 0.95, "entropy_cost": 0.0, "normalize_observations": True,
+                               "reward_scale": 0.1}},
     # The controlled synthetic environment: the dataclass defaults.
     "synthetic": {},
     # Atari (ALE, DeepMind preprocessing, Nature CNN). V-trace advantages in PPO's clipped surrogate with
@@ -46,19 +55,40 @@ PRESETS: dict[str, dict[str, Any]] = {
 PRESET_NAMES = ("auto", "none", *PRESETS)
 
 
-def family(env_id: str) -> str:
-    """The env family of an id: 'atari', 'synthetic', 'toy' (rlbalance's own) or 'classic' (any other gymnasium id)."""
+def family(env_id: str, imports: tuple[str, ...] = ()) -> str:
+    """The env family of an id: 'atari', 'synthetic', 'toy' (rlbalance's own), 'continuous' (a gymnasium env with
+    Box actions: MuJoCo, Pendulum, ...) or 'classic' (any other gymnasium id)."""
     if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
         return "atari"
     if env_id == "synthetic":
         return "synthetic"
     if env_id.startswith("rlbalance/"):
         return "toy"
-    return "classic"
+    return "continuous" if _box_actions(env_id, tuple(imports)) else "classic"
 
 
-def resolve(name: str, env_id: str) -> str:
-    return family(env_id) if name == "auto" else name
+@functools.lru_cache(maxsize=64)
+def _box_actions(env_id: str, imports: tuple[str, ...]) -> bool:
+    """Whether a gymnasium id's env takes Box actions (one throw-away env; False where it cannot be made: the
+    env checks that follow name the problem)."""
+    import importlib
+
+    import gymnasium as gym
+
+    try:
+        for m in (*imports, *([env_id.partition(":")[0]] if ":" in env_id else [])):
+            importlib.import_module(m)
+        env = gym.make(env_id.partition(":")[2] if ":" in env_id else env_id)
+    except Exception:
+        return False
+    try:
+        return isinstance(env.action_space, gym.spaces.Box)
+    finally:
+        env.close()
+
+
+def resolve(name: str, env_id: str, imports: tuple[str, ...] = ()) -> str:
+    return family(env_id, imports) if name == "auto" else name
 
 
 def layer(name: str) -> dict[str, Any]:

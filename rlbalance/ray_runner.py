@@ -93,9 +93,15 @@ def connect(cfg: Config):
 class EnvWorker:
     """One actor on a Ray node: ``env_groups`` EnvBatches of K envs (a Ray actor class, see worker_class)."""
 
-    def __init__(self, actor_id: int, cfg_dict: dict):
+    def __init__(self, actor_id: int, cfg_dict: dict, module_dirs: list[str] | None = None):
+        import sys
+
         import psutil
         import ray
+
+        # The user's env modules where the learner found them (same machine or a shared filesystem; elsewhere
+        # they must be installed on the node).
+        sys.path.extend(d for d in module_dirs or [] if d not in sys.path and os.path.isdir(d))
 
         from .actor import actor_env_groups, init_process
         from .config import from_dict
@@ -225,7 +231,10 @@ class RayActorSet:
         cls = worker_class(ray, cfg)
         strategy = "SPREAD" if cfg.ray.placement == "spread" else "DEFAULT"
         cfg_dict = cfg.to_dict()
-        self.handles = [cls.options(scheduling_strategy=strategy, name=None).remote(i, cfg_dict)
+        from .envs import user_module_dirs
+
+        dirs = user_module_dirs(cfg.env)
+        self.handles = [cls.options(scheduling_strategy=strategy, name=None).remote(i, cfg_dict, dirs)
                         for i in range(cfg.actors.num_actors)]
         self.restarts = 0
         self.lost_seconds = 0.0
@@ -467,7 +476,7 @@ class RayFeeder(threading.Thread):
                 actions, logits = self.learner.model.act(obs, self.generator)
                 version = self.learner.updates
             with timer.stage("d2h"):
-                actions = actions.view(len(batch), self.k).cpu().numpy()
+                actions = actions.view(len(batch), self.k, *actions.shape[1:]).cpu().numpy()
                 logits = logits.view(len(batch), self.k, -1).float().cpu().numpy()
             with timer.stage("send"):
                 for i, g in enumerate(batch):

@@ -25,7 +25,8 @@ from .verdict import decide
 def checkpoint_identity(cfg: Config, spec: EnvSpec) -> dict:
     """What a checkpoint belongs to: written into every checkpoint, checked before one is loaded."""
     return {"env": cfg.env.id, "obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
-            "num_actions": spec.num_actions, "model": resolve_model(cfg.learner, spec)}
+            "num_actions": spec.num_actions, "action_space": spec.action.describe(),
+            "model": resolve_model(cfg.learner, spec)}
 
 
 class RoleShares:
@@ -251,7 +252,7 @@ class Session:
         summary = {
             "outcome": outcome, "env": self.cfg.env.id, "preset": self.cfg.run.preset, "mode": self.cfg.run.mode,
             "inference": self.cfg.inference.mode, "model": resolve_model(self.cfg.learner, self.spec),
-            "device": str(self.learner.device), "steps": steps, "frames": steps * self.spec.frames_per_step,
+            "action_space": self.spec.action.describe(), "device": str(self.learner.device), "steps": steps, "frames": steps * self.spec.frames_per_step,
             "updates": self.learner.updates, "wall_s": wall,
             "sps_sustained": sps, "fps_sustained": sps * self.spec.frames_per_step,
             "sps_overall": (steps - self.start_steps) / max(wall, 1e-9),

@@ -186,7 +186,8 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock)
     session_index = run.write_meta({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from_steps": learner.steps,
                     "env_spec": {"obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
-                                 "num_actions": spec.num_actions, "frames_per_step": spec.frames_per_step}})
+                                 "num_actions": spec.num_actions, "action_space": spec.action.describe(),
+                                 "frames_per_step": spec.frames_per_step}})
     session = Session(cfg, run, learner, spec, episodes, model_lock, session_index)
     outcome = "completed"
     restore = _sigterm_as_interrupt()
@@ -226,7 +227,9 @@ def check_checkpoint_fits(state: dict, cfg: Config, spec: EnvSpec, model: torch.
     have = state.get("identity")
     want = checkpoint_identity(cfg, spec)
     if have is not None:
-        diff = [f"{k}: checkpoint {have.get(k)!r}, this run {v!r}" for k, v in want.items() if have.get(k) != v]
+        # (checkpoints from before action spaces were recorded are Discrete ones: num_actions says enough)
+        diff = [f"{k}: checkpoint {have.get(k)!r}, this run {v!r}" for k, v in want.items()
+                if have.get(k) != v and not (k == "action_space" and k not in have)]
         if diff:
             raise ConfigError(f"checkpoint {path} belongs to another run ({'; '.join(diff)}); resume it with its "
                               "own config, or start a new run")

@@ -2,6 +2,7 @@
 Used by tests/test_envs.py through `--env.id custom_envs:Corridor-v0` and `env.imports`."""
 
 import gymnasium as gym
+import numpy as np
 
 
 class Corridor(gym.Env):
@@ -37,5 +38,71 @@ class Varying(gym.Env):
         return (0,), 0.0, True, False, {}
 
 
+class Switches(gym.Env):
+    """Copy three random bits shown in the observation: MultiDiscrete([2, 2, 2]) actions (or MultiBinary(3) with
+    binary=True), reward 1/3 per bit copied; 10 steps per episode (a random policy scores 5, the best 10)."""
+
+    def __init__(self, binary: bool = False):
+        self.binary = binary
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.MultiBinary(3) if binary else gym.spaces.MultiDiscrete([2, 2, 2])
+        self.bits, self.t = np.zeros(3, np.float32), 0
+
+    def _draw(self):
+        self.bits = self.np_random.integers(0, 2, 3).astype(np.float32)
+        return self.bits.copy()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        reward = float(np.mean(np.asarray(action) == self.bits))
+        self.t += 1
+        return self._draw(), reward, False, self.t >= 10, {}
+
+
+class Target(gym.Env):
+    """Move a point onto a target: Box(-1, 1, (2,)) actions, the target in the observation, reward
+    -|action - target|^2 per step; 10 steps per episode (a random policy scores about -13, the best 0)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def _draw(self):
+        self.target = self.np_random.uniform(-0.8, 0.8, 2).astype(np.float32)
+        return self.target.copy()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action, np.float32)), action
+        reward = -float(np.sum((np.asarray(action) - self.target) ** 2))
+        self.t += 1
+        return self._draw(), reward, False, self.t >= 10, {}
+
+
+class IntBox(gym.Env):
+    """Integer Box actions: no policy distribution for them (refused before anything starts)."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(0, 4, (2,), np.int64)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, True, False, {}
+
+
+gym.register("IntBox-v0", entry_point=IntBox)
+gym.register("Switches-v0", entry_point=Switches)
+gym.register("Bits-v0", entry_point=Switches, kwargs={"binary": True})
+gym.register("Target-v0", entry_point=Target)
 gym.register("Corridor-v0", entry_point=Corridor, max_episode_steps=20)
 gym.register("Varying-v0", entry_point=Varying)

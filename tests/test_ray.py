@@ -140,6 +140,21 @@ def test_actor_side_inference_on_ray(cfg_factory):
     assert tel["stage_shares"]["actor"]["env_step"] > 0 and "weight_sync" in tel["stage_shares"]["actor"]
 
 
+def test_custom_env_from_the_cli_with_ray_actors(tmp_path, monkeypatch):
+    """The README's own-env route with Ray actors: `--env.id custom_envs:Target-v0` (Box actions, so the
+    continuous preset and a Gaussian policy); the Ray workers import the module from where the learner found it."""
+    from rlbalance.cli import main
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # the workers must not find it by inheritance alone
+    rc = main(["train", "--env.id", "custom_envs:Target-v0", "--ray.address", "local", "--ray.num_cpus", "2",
+               "--run.total_steps", "30000", "--run.out_dir", str(tmp_path), "--run.name", "ray-target",
+               "--telemetry.progress", "false", "--telemetry.tensorboard", "false", "--telemetry.report", "false"])
+    assert rc == 0
+    s = json.load(open(tmp_path / "ray-target" / "summary.json"))
+    assert s["outcome"] == "completed" and s["actors_on"] == "ray" and s["preset"] == "continuous"
+    assert s["episode_return_last100"] >= -7.0, s  # a random policy scores about -13
+
+
 def test_ray_config_errors_name_the_field():
     with pytest.raises(C.ConfigError, match="run.mode"):
         C.build({"ray": {"address": "local"}, "run": {"mode": "serial"}})

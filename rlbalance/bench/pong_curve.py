@@ -33,6 +33,19 @@ def run_curve(frames: int, seed: int, out: Path, extra: dict | None = None) -> d
     return write_curve(Path(summary["run_dir"]), out)
 
 
+def run_mujoco_curve(steps: int, seed: int, out: Path, workload: str = "halfcheetah",
+                     extra: dict | None = None) -> dict:
+    """A MuJoCo learning curve with the continuous preset: ``steps`` env steps; writes curve.json, .csv, .png."""
+    from rlbalance.train import train
+
+    cfg = workload_config(workload, extra)
+    cfg = replace(cfg, run=replace(cfg.run, total_steps=steps, seed=seed, out_dir=str(out / "runs"),
+                                   name=f"{workload}-seed{seed}-{int(time.time())}", checkpoint_interval_s=300.0),
+                  telemetry=replace(cfg.telemetry, tensorboard=True, log_interval_s=10.0))
+    summary = train(cfg)
+    return write_curve(Path(summary["run_dir"]), out, milestones=(), stem="curve")
+
+
 def _records(run: Path) -> list[dict]:
     recs = []
     for line in (run / "metrics.jsonl").read_text().splitlines():
@@ -47,8 +60,9 @@ def _finite(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def write_curve(run: Path, out: Path) -> dict:
-    """Curve files for run directory ``run`` in folder ``out``; returns the result without the curve."""
+def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES, stem: str = "pong-curve") -> dict:
+    """Curve files (``stem``.json, .csv, .png) for run directory ``run`` in folder ``out``; returns the result
+    without the curve. ``milestones``: the returns whose first crossing (frames, minutes) is recorded."""
     import torch
 
     recs = _records(run)
@@ -64,7 +78,7 @@ def write_curve(run: Path, out: Path) -> dict:
              "entropy": _finite(r.get("loss/entropy")), "policy_lag": _finite(r.get("policy_lag")),
              "fps": _finite(r.get("fps"))} for r, w in zip(recs, wall)]
     milestones = {}
-    for m in MILESTONES:
+    for m in milestones:
         hit = next((row for row in rows if row["return"] is not None and row["return"] >= m), None)
         milestones[f"{m:+g}"] = {"frames": hit["frames"], "minutes": round(hit["wall_s"] / 60, 1)} if hit else None
     with_return = [row for row in rows if row["return"] is not None]
@@ -81,8 +95,8 @@ def write_curve(run: Path, out: Path) -> dict:
         "curve": rows,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pong-curve.json").write_text(json.dumps(result, indent=1, allow_nan=False))
-    (out / "pong-curve.csv").write_text("frames,wall_s,mean_return_last100,entropy,policy_lag\n" + "".join(
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, allow_nan=False))
+    (out / f"{stem}.csv").write_text("frames,wall_s,mean_return_last100,entropy,policy_lag\n" + "".join(
         f"{r['frames']},{r['wall_s']:.1f},{_csv(r['return'])},{_csv(r['entropy'])},{_csv(r['policy_lag'])}\n"
         for r in rows))
     ckpts = sorted((run / "checkpoints").glob("ckpt-*.pt"))
@@ -100,8 +114,8 @@ def write_curve(run: Path, out: Path) -> dict:
                     "updates": state["updates"], "identity": state.get("identity")}, policy / "checkpoints" / name)
         (policy / "checkpoints" / "latest").write_text(name)
         result["policy_dir"] = str(policy)
-        (out / "pong-curve.json").write_text(json.dumps(result, indent=1, allow_nan=False))
-    _plot(rows, result, out / "pong-curve.png")
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=1, allow_nan=False))
+    _plot(rows, result, out / f"{stem}.png", milestones)
     return {k: v for k, v in result.items() if k not in ("curve", "learner", "actors", "env_config")}
 
 
@@ -109,32 +123,35 @@ def _csv(x) -> str:
     return "" if x is None else f"{x:.4g}"
 
 
-def _plot(rows: list[dict], result: dict, path: Path) -> None:
+def _plot(rows: list[dict], result: dict, path: Path, milestones: tuple[float, ...] = MILESTONES) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    pong = "Pong" in result["env"]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     ret = [(r["frames"] / 1e6, r["wall_s"] / 60, r["return"]) for r in rows if r["return"] is not None]
-    for ax, xi, label in ((axes[0][0], 0, "frames (millions)"), (axes[0][1], 1, "wall time (minutes)")):
+    for ax, xi, label in ((axes[0][0], 0, "frames (millions)" if pong else "env steps (millions)"),
+                          (axes[0][1], 1, "wall time (minutes)")):
         ax.plot([p[xi] for p in ret], [p[2] for p in ret], color="C0")
-        for m in MILESTONES:
+        for m in milestones:
             ax.axhline(m, color="grey", lw=0.8, ls="--")
         ax.set_xlabel(label)
-        ax.set_ylabel("mean return, last 100 games")
-        ax.set_ylim(-21.5, 21.5)
+        ax.set_ylabel("mean return, last 100 games" if pong else "mean return, last 100 episodes")
+        if pong:
+            ax.set_ylim(-21.5, 21.5)
         ax.grid(alpha=0.3)
     axes[0][0].set_title(f"{result['env']}, preset {result['preset']}, seed {result['seed']}")
-    axes[0][1].set_title(f"median {result['fps_median'] or 0:,.0f} FPS on this machine")
+    axes[0][1].set_title(f"median {result['fps_median'] or 0:,.0f} {'FPS' if pong else 'steps/s'} on this machine")
     ent = [(r["frames"] / 1e6, r["entropy"]) for r in rows if r["entropy"] is not None]
     axes[1][0].plot([p[0] for p in ent], [p[1] for p in ent], color="C1")
-    axes[1][0].set_xlabel("frames (millions)")
-    axes[1][0].set_ylabel("policy entropy (max ln 6 = 1.79)")
+    axes[1][0].set_xlabel("frames (millions)" if pong else "env steps (millions)")
+    axes[1][0].set_ylabel("policy entropy (max ln 6 = 1.79)" if pong else "policy entropy (nats)")
     axes[1][0].grid(alpha=0.3)
     lag = [(r["frames"] / 1e6, r["policy_lag"]) for r in rows if r["policy_lag"] is not None]
     axes[1][1].plot([p[0] for p in lag], [p[1] for p in lag], color="C2")
-    axes[1][1].set_xlabel("frames (millions)")
+    axes[1][1].set_xlabel("frames (millions)" if pong else "env steps (millions)")
     axes[1][1].set_ylabel("policy lag (learner updates)")
     axes[1][1].grid(alpha=0.3)
     fig.tight_layout()

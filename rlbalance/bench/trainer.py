@@ -41,7 +41,12 @@ WORKLOADS = {
                       "learner": {"batch_size": 16, "unroll_length": 20, "learning_rate": 8e-4, "reward_clip": 1.0,
                                   "max_grad_norm": 0.5, "torch_threads": 2}},
     "synthetic": {"env": {"id": "synthetic", "synthetic_step_us": 20.0}},
+    # MuJoCo continuous control with the continuous preset (Gaussian policy, 10 APPO epochs per batch).
+    "halfcheetah": {"env": {"id": "HalfCheetah-v5"}},
 }
+
+# End-to-end env steps per actor count where the default (500k) would take too long here.
+DEFAULT_STEPS = {"pong": 25_000, "pong-previous": 25_000, "halfcheetah": 60_000}
 
 
 def workload_config(name: str, extra: dict | None = None) -> C.Config:
@@ -55,7 +60,7 @@ def _env_worker(cfg: C.Config, actor_id: int, seconds: float, warmup: float, out
     rng = np.random.default_rng(actor_id)
     for envs in groups:
         envs.reset()
-    n, k = groups[0].spec.num_actions, groups[0].k
+    action, k = groups[0].spec.action, groups[0].k
     t0 = time.perf_counter()
     steps, t_warm = 0, None
     while True:
@@ -65,7 +70,7 @@ def _env_worker(cfg: C.Config, actor_id: int, seconds: float, warmup: float, out
         if now - t0 >= warmup + seconds:
             break
         for envs in groups:
-            envs.step(rng.integers(0, n, k))
+            envs.step(action.random(rng, k))
         steps += k * g
     out_q.put(steps / (time.perf_counter() - t_warm))
     for envs in groups:
@@ -100,7 +105,7 @@ def learner_ceiling(cfg: C.Config, seconds: float = 5.0, warmup_updates: int = 3
         v = bufs.view(j)
         for i in range(t + 1):
             v.obs[i] = obs
-            v.action[i] = rng.integers(0, spec.num_actions, k)
+            v.action[i] = spec.action.random(rng, k)
             r = envs.step(v.action[i])
             obs, v.reward[i], v.done[i] = r.obs, r.reward, r.done
     envs.close()

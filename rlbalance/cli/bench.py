@@ -4,6 +4,7 @@
   rlbalance bench trainer --workloads cartpole --actors 1,2 --steps 300000
   rlbalance bench pong-curve                   # Pong with the Atari preset, 10M frames: curve, milestones, policy
   rlbalance bench pong-curve --from-run RUN    # the same files from a run made with rlbalance train
+  rlbalance bench mujoco-curve                 # HalfCheetah-v5 with the continuous preset, 1M steps: the curve
   rlbalance bench telemetry-overhead           # FPS with telemetry on against off, alternating runs
   rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
   rlbalance bench soak --minutes 30            # memory flat and FPS steady over a long run
@@ -21,19 +22,19 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=["trainer", "pong-curve", "telemetry-overhead", "sweep", "soak",
+    p.add_argument("name", choices=["trainer", "pong-curve", "mujoco-curve", "telemetry-overhead", "sweep", "soak",
                                          "chaos", "planner", "ray", "seeds"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
-                   "(cartpole, pong, synthetic; cartpole-previous and pong-previous: the settings before each preset, "
+                   "(cartpole, pong, synthetic, halfcheetah; cartpole-previous and pong-previous: the settings before each preset, "
                    "to measure what the preset costs in the same run)")
     p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..2x usable CPUs)")
-    p.add_argument("--steps", type=int, default=0, help="trainer: env steps per end-to-end run "
-                   "(default 500k CartPole, 25k Pong); seeds: env steps per run (default 500k)")
+    p.add_argument("--steps", type=int, default=0, help="mujoco-curve: env steps (default 1M); trainer: env steps per end-to-end run "
+                   "(default 500k CartPole, 25k Pong, 60k HalfCheetah); seeds: env steps per run (default 500k)")
     p.add_argument("--seconds", type=float, default=5.0, help="trainer: seconds per ceiling measurement")
     p.add_argument("--frames", type=int, default=10_000_000, help="pong-curve: frames to train")
-    p.add_argument("--seed", type=int, default=1, help="pong-curve, chaos: run.seed (chaos: and the fault schedule)")
+    p.add_argument("--seed", type=int, default=1, help="pong-curve, mujoco-curve, chaos: run.seed (chaos: and the fault schedule)")
     p.add_argument("--fault-every", type=float, default=0.0, help="chaos: mean seconds between injected faults "
                    "(default: a 90th of the run)")
     p.add_argument("--from-run", metavar="RUN_DIR", help="pong-curve: write the curve files of an existing run "
@@ -101,6 +102,14 @@ def run(args: argparse.Namespace) -> int:
         C.build(extra)  # a bad override fails here, naming the field, before any run
         print(run_seeds(out, args.seeds, args.steps or 500_000, modes, extra=extra))
         return 0
+    if args.name == "mujoco-curve":
+        from rlbalance.bench.pong_curve import run_mujoco_curve, write_curve
+
+        if args.from_run:
+            print(write_curve(Path(args.from_run), out, milestones=(), stem="curve"))
+        else:
+            print(run_mujoco_curve(args.steps or 1_000_000, args.seed, out, extra=C.parse_set(args.set) or None))
+        return 0
     if args.name == "pong-curve":
         from rlbalance.bench.pong_curve import run_curve, write_curve
 
@@ -109,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(run_curve(args.frames, args.seed, out, extra=C.parse_set(args.set) or None))
         return 0
-    from rlbalance.bench.trainer import WORKLOADS, run_workload, write_results
+    from rlbalance.bench.trainer import DEFAULT_STEPS, WORKLOADS, run_workload, write_results
 
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     counts = [int(x) for x in args.actors.split(",") if x] or list(range(1, 2 * max(ncpu, 1) + 1))
@@ -119,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
             from rlbalance.config import ConfigError
 
             raise ConfigError(f"--workloads: unknown workload {w!r}; choose from {sorted(WORKLOADS)}")
-        steps = args.steps or (25_000 if w.startswith("pong") else 500_000)
+        steps = args.steps or DEFAULT_STEPS.get(w, 500_000)
         results.append(run_workload(w, counts, steps, args.seconds, out))
     print(f"wrote {write_results(results, out)}")
     return 0
