@@ -56,6 +56,8 @@ class EnvConfig:
                  "module is imported first, in the learner and in every actor, and registers EnvId).")
     imports: tuple[str, ...] = _f((), "Modules to import before the env is made, in the learner and in every actor "
                                   "(where your gymnasium.register calls live), e.g. [myenvs,myenvs.extra].")
+    kwargs: str = _f("{}", "Keyword arguments for gymnasium.make, as a JSON object (a table in a config file), "
+                     "e.g. '{\"length\": 8}'; ignored by Atari, EnvPool and the synthetic env.", json_object=True)
     backend: str = _f("gymnasium", "Stepping backend: 'gymnasium' (one env object per env) or 'envpool' "
                       "(batched C++ envs, optional dependency).")
     # Atari preprocessing (DeepMind style); ignored by non-Atari envs.
@@ -82,6 +84,12 @@ class EnvConfig:
     def __post_init__(self) -> None:
         _require(bool(self.id), "env.id", self.id, "give a gymnasium id, an ALE id or 'synthetic'")
         _require(self.backend in ENV_BACKENDS, "env.backend", self.backend, f"one of {ENV_BACKENDS}")
+        try:
+            kw = json.loads(self.kwargs)
+        except json.JSONDecodeError:
+            kw = None
+        _require(isinstance(kw, dict), "env.kwargs", self.kwargs, "a JSON object of gymnasium.make's keyword "
+                 "arguments, e.g. '{\"length\": 8}'")
         for m in self.imports:
             _require(bool(m) and all(part.isidentifier() for part in m.split(".")), "env.imports", self.imports,
                      "dotted module names, e.g. [myenvs]")
@@ -102,6 +110,10 @@ class EnvConfig:
                  "env.synthetic_fault", self.synthetic_fault, "'' or raise:N, hang:N, kill:N, nan:N")
         _require(self.synthetic_episode_len >= 1, "env.synthetic_episode_len", self.synthetic_episode_len,
                  "must be >= 1")
+
+    @property
+    def make_kwargs(self) -> dict:
+        return json.loads(self.kwargs)
 
     @property
     def is_atari(self) -> bool:
@@ -440,6 +452,9 @@ def coerce(section: str, name: str, value: Any) -> Any:
                 raise TypeError
             return float(value)
         if typ is str:
+            if isinstance(value, dict) and dataclasses.fields(cls) and \
+                    {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("json_object"):
+                return json.dumps(value, sort_keys=True)  # a config file's table
             if not isinstance(value, str):
                 raise TypeError
             return value

@@ -168,7 +168,13 @@ def make_single(cfg: EnvConfig, seed: int, render_mode: str | None = None) -> gy
         kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
         if render_mode:
             kwargs["render_mode"] = render_mode
-        env = gym.make(cfg.id.partition(":")[2] if ":" in cfg.id else cfg.id, **kwargs)
+        try:
+            env = gym.make(cfg.id.partition(":")[2] if ":" in cfg.id else cfg.id, **cfg.make_kwargs, **kwargs)
+        except TypeError as e:
+            if not cfg.make_kwargs:
+                raise
+            raise ConfigError(f"env.kwargs={cfg.kwargs}: gymnasium.make({cfg.id!r}) does not take them ({e}); "
+                              "give only the env's own keyword arguments") from None
         env = _flat_observations(env, cfg.id)
     env.action_space.seed(seed)
     return env

@@ -158,3 +158,19 @@ def test_env_imports_and_flattened_spaces(tmp_path):
     assert not any(tmp_path.iterdir())  # refused before a run directory was made
     with pytest.raises(C.ConfigError, match=r"env.imports: cannot import module 'no_such_module'"):
         probe_spec(C.build({"env": {"id": "CartPole-v1", "imports": ["no_such_module"]}}).env)
+
+
+def test_env_kwargs_reach_gymnasium_make(tmp_path):
+    """env.kwargs (a JSON object on the command line, a table in a file) is passed to gymnasium.make; keyword
+    arguments the env does not take are refused before anything starts, naming the field."""
+    from rlbalance.cli import main
+    from rlbalance.envs import probe_spec
+
+    cfg = C.build({"env": {"id": "custom_envs:Corridor-v0", "kwargs": '{"length": 8}'}})
+    assert probe_spec(cfg.env).obs_shape == (8,)
+    assert C.build({"env": {"id": "custom_envs:Corridor-v0", "kwargs": {"length": 3}}}).env.make_kwargs == {"length": 3}
+    with pytest.raises(C.ConfigError, match=r"env.kwargs=.*is invalid: a JSON object"):
+        C.build({"env": {"kwargs": "[1, 2]"}})
+    assert main(["train", "--env.id", "custom_envs:Corridor-v0", "--env.kwargs", '{"size": 3}', "--run.out_dir",
+                 str(tmp_path)]) == 2
+    assert not any(tmp_path.iterdir())

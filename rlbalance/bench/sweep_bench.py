@@ -1,4 +1,4 @@
-"""Benchmark sweep: actors 1..N on CartPole and Pong on this machine, into bench/results/sweep/, with the
+"""Benchmark sweep: actors 1..N on CartPole and Pong (and any trainer workload, such as halfcheetah) on this machine, into bench/results/sweep/, with the
 CPU/GPU ratio analysis (knee, efficiency optimum, Pareto front) of each workload."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlbalance.bench.trainer import WORKLOADS
+from rlbalance.bench.trainer import DEFAULT_STEPS, WORKLOADS
 from rlbalance.ratio import analyse, write_outputs
 from rlbalance.sweep import parse_axes, run_sweep
 
@@ -17,7 +17,7 @@ def run_bench_sweep(out: Path, actors: list[int], steps: int, workloads: str) ->
     db = out / "sweep.db"
     results = {}
     for w in [w for w in workloads.split(",") if w]:
-        n = steps or (300_000 if w != "pong" else 25_000)
+        n = steps or DEFAULT_STEPS.get(w, 300_000)
         rows = run_sweep(f"bench-{w}", WORKLOADS[w], parse_axes([f"actors.num_actors={','.join(map(str, actors))}"]),
                          n, db, str(out / "runs"),
                          progress=lambda i, total, label: print(f"[sweep {w}] {i}/{total} {label}", flush=True))
@@ -26,5 +26,7 @@ def run_bench_sweep(out: Path, actors: list[int], steps: int, workloads: str) ->
         results[w] = {"throughput_optimal_R": a["throughput_optimal_R"], "knee_verdict": a["knee_verdict"],
                       "efficiency_optimal_R": a["efficiency_optimal_R"], "power_source": a["power_source"],
                       "accelerator": a["accelerator"], "curve": a["curve"]}
-    (out / "ratios.json").write_text(json.dumps(results, indent=2))
+    path = out / "ratios.json"  # workloads swept in earlier runs keep their entries
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**earlier, **results}, indent=2, allow_nan=False))
     return {w: {k: v for k, v in r.items() if k != "curve"} for w, r in results.items()}
