@@ -464,6 +464,15 @@ def coerce(section: str, name: str, value: Any) -> Any:
     raise ConfigError(f"{full}: unsupported type {typ}")
 
 
+def fit_buffers(a: ActorsConfig, lrn: LearnerConfig) -> ActorsConfig:
+    """``a`` with buffers_per_actor raised to the least that does not stall this actor layout, if below it."""
+    if not a.buffers_per_actor or lrn.batch_size % a.envs_per_actor:
+        return a
+    clients = a.num_actors * a.env_groups
+    least = -(-(lrn.batch_size // a.envs_per_actor + clients) // clients)
+    return dataclasses.replace(a, buffers_per_actor=least) if a.buffers_per_actor < least else a
+
+
 def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     """Build a Config from nested overrides {section: {field: value}} on top of the env family's preset
     (``run.preset``, see rlbalance/presets.py) on top of the defaults."""
@@ -474,11 +483,17 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     name = coerce("run", "preset", (overrides.get("run") or {}).get("preset", RunConfig.preset))
     imports = tuple(coerce("env", "imports", (overrides.get("env") or {}).get("imports", EnvConfig.imports)))
     name = presets.resolve(name, env_id, imports)  # an unknown name has no layer; RunConfig refuses it by name
+    user_buffers = "buffers_per_actor" in (overrides.get("actors") or {})
     overrides = merge(presets.layer(name), overrides, {"run": {"preset": name}})
     sections = {}
     for sec, cls in SECTIONS.items():
         vals = {k: coerce(sec, k, v) for k, v in (overrides.get(sec) or {}).items()}
         sections[sec] = cls(**vals)
+    a, lrn = sections["actors"], sections["learner"]
+    if a.buffers_per_actor and not user_buffers and lrn.batch_size % a.envs_per_actor == 0:
+        # A preset's buffer count (kept low to bound policy lag) fits its own actor layout; with fewer actors or
+        # groups given on top of it, raise it to the least that does not stall (a user's own value is checked).
+        sections["actors"] = fit_buffers(a, lrn)
     unknown = set(overrides) - set(SECTIONS)
     if unknown:
         raise ConfigError(f"unknown config section(s) {sorted(unknown)}; sections are {sorted(SECTIONS)}")

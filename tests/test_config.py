@@ -127,3 +127,13 @@ def test_learner_update_options_are_checked():
         C.build({"learner": {"devices": 2, "epochs": 2}})
     with pytest.raises(C.ConfigError, match="run.name"):
         C.build({"run": {"name": "../escape"}})
+
+
+def test_preset_buffer_count_follows_the_actor_layout_a_user_gives():
+    """The Atari preset's 2 buffers per group fit its 2 actors; with 1 actor (one batch takes both of its
+    buffers) the preset's value is raised to the least that does not stall, while a user's own value is
+    checked and refused, naming the field."""
+    assert C.build({"env": {"id": "ALE/Pong-v5"}}).actors.buffers_per_actor == 2
+    assert C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"num_actors": 1}}).actors.buffers_per_actor == 3
+    with pytest.raises(C.ConfigError, match=r"actors.buffers_per_actor=2 is invalid.*raise it to 3"):
+        C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"num_actors": 1, "buffers_per_actor": 2}})

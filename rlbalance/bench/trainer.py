@@ -124,7 +124,7 @@ def learner_ceiling(cfg: C.Config, seconds: float = 5.0, warmup_updates: int = 3
 def end_to_end(cfg: C.Config, num_actors: int, steps: int, out_dir: Path, label: str) -> dict:
     from rlbalance.train import train
 
-    cfg = replace(cfg, actors=replace(cfg.actors, num_actors=num_actors),
+    cfg = replace(cfg, actors=C.fit_buffers(replace(cfg.actors, num_actors=num_actors), cfg.learner),
                   run=replace(cfg.run, total_steps=steps, out_dir=str(out_dir),
                               name=f"{label}-a{num_actors}-{int(time.time())}"),
                   telemetry=replace(cfg.telemetry, progress=False, tensorboard=False))
