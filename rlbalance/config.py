@@ -464,6 +464,21 @@ def coerce(section: str, name: str, value: Any) -> Any:
     raise ConfigError(f"{full}: unsupported type {typ}")
 
 
+def env_id_of(make: Any) -> str:
+    """The env.id ('module:QualName') of an env class or env-creating function, which every actor process
+    imports by name; refused, with the reason, where it cannot be imported (lambdas, local definitions, the
+    script being run or a notebook)."""
+    module, name = getattr(make, "__module__", None), getattr(make, "__qualname__", "")
+    if not module or "<" in name:
+        raise ConfigError(f"env.id={make!r}: actor processes import the env by name, and {name or 'it'} has none "
+                          "they can import (a lambda or a function defined inside another); define it at the top "
+                          "level of a module")
+    if module == "__main__":
+        raise ConfigError(f"env.id={make!r} is defined in the script being run (or a notebook), which actor "
+                          f"processes do not import; move {name} into a module on PYTHONPATH and import it from there")
+    return f"{module}:{name}"
+
+
 def fit_buffers(a: ActorsConfig, lrn: LearnerConfig) -> ActorsConfig:
     """``a`` with buffers_per_actor raised to the least that does not stall this actor layout, if below it."""
     if not a.buffers_per_actor or lrn.batch_size % a.envs_per_actor:
@@ -479,6 +494,8 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     from . import presets
 
     overrides = overrides or {}
+    if callable((overrides.get("env") or {}).get("id")):  # an env class or function, from Python
+        overrides = {**overrides, "env": {**overrides["env"], "id": env_id_of(overrides["env"]["id"])}}
     env_id = coerce("env", "id", (overrides.get("env") or {}).get("id", EnvConfig.id))
     name = coerce("run", "preset", (overrides.get("run") or {}).get("preset", RunConfig.preset))
     imports = tuple(coerce("env", "imports", (overrides.get("env") or {}).get("imports", EnvConfig.imports)))

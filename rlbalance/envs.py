@@ -8,6 +8,7 @@ life on, ``done`` fires at each life loss but the return keeps adding up until t
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -169,7 +170,7 @@ def make_single(cfg: EnvConfig, seed: int, render_mode: str | None = None) -> gy
         if render_mode:
             kwargs["render_mode"] = render_mode
         try:
-            env = gym.make(cfg.id.partition(":")[2] if ":" in cfg.id else cfg.id, **cfg.make_kwargs, **kwargs)
+            env = gym.make(_import_user_modules(cfg), **cfg.make_kwargs, **kwargs)
         except TypeError as e:
             if not cfg.make_kwargs:
                 raise
@@ -214,6 +215,18 @@ def _import_user_modules(cfg: EnvConfig) -> str:
             field = "env.id" if ":" in cfg.id and m == cfg.id.partition(":")[0] else "env.imports"
             raise ConfigError(f"{field}: cannot import module {m!r} ({e}); put it on PYTHONPATH (or install it), "
                               "so the learner and every actor can import it") from e
+    if ":" in cfg.id and env_id not in gym.registry:
+        # 'module:Name' where Name is an env class or an env-creating function rather than a registered id:
+        # register it as 'module.Name' in this process (every actor does the same).
+        module = cfg.id.partition(":")[0]
+        obj = sys.modules[module]
+        for part in env_id.split("."):
+            obj = getattr(obj, part, None)
+        if callable(obj):
+            gym_id = f"{module}.{env_id}"
+            if gym_id not in gym.registry:
+                gym.register(gym_id, entry_point=obj)
+            return gym_id
     return env_id
 
 

@@ -71,14 +71,13 @@ def family(env_id: str, imports: tuple[str, ...] = ()) -> str:
 def _box_actions(env_id: str, imports: tuple[str, ...]) -> bool:
     """Whether a gymnasium id's env takes Box actions (one throw-away env; False where it cannot be made: the
     env checks that follow name the problem)."""
-    import importlib
-
     import gymnasium as gym
 
+    from .config import EnvConfig
+    from .envs import _import_user_modules
+
     try:
-        for m in (*imports, *([env_id.partition(":")[0]] if ":" in env_id else [])):
-            importlib.import_module(m)
-        env = gym.make(env_id.partition(":")[2] if ":" in env_id else env_id)
+        env = gym.make(_import_user_modules(EnvConfig(id=env_id, imports=imports)))
     except Exception:
         return False
     try:

@@ -100,6 +100,11 @@ class IntBox(gym.Env):
         return np.zeros(2, np.float32), 0.0, True, False, {}
 
 
+def make_corridor():
+    """An env-creating function (not registered): a corridor of 7 cells, capped at 30 steps."""
+    return gym.wrappers.TimeLimit(Corridor(length=7), 30)
+
+
 gym.register("IntBox-v0", entry_point=IntBox)
 gym.register("Switches-v0", entry_point=Switches)
 gym.register("Bits-v0", entry_point=Switches, kwargs={"binary": True})

@@ -1,6 +1,7 @@
 import json
 import numpy as np
 import pytest
+import custom_envs  # noqa: E402  (tests/ is on sys.path; the module registers the test envs)
 
 from rlbalance import config as C
 from rlbalance.envs import EnvBatch, probe_spec
@@ -174,3 +175,24 @@ def test_env_kwargs_reach_gymnasium_make(tmp_path):
     assert main(["train", "--env.id", "custom_envs:Corridor-v0", "--env.kwargs", '{"size": 3}', "--run.out_dir",
                  str(tmp_path)]) == 2
     assert not any(tmp_path.iterdir())
+
+
+def test_env_class_or_function_as_env_id(tmp_path):
+    """From Python, env.id may be an env class or an env-creating function (named by module and name, so actor
+    processes can import it); from the CLI 'module:Name' does the same for an unregistered class. Lambdas,
+    local functions and the running script's own definitions are refused with the reason."""
+    from rlbalance.envs import probe_spec
+    from rlbalance.train import train
+
+    cfg = C.build({"env": {"id": custom_envs.Target}, "run": {"total_steps": 2_000, "out_dir": str(tmp_path)},
+                   "telemetry": {"progress": False, "tensorboard": False, "report": False}})
+    assert cfg.env.id == "custom_envs:Target" and cfg.run.preset == "continuous"
+    s = train(cfg)  # two actor processes import custom_envs and register Target themselves
+    assert s["outcome"] == "completed" and s["action_space"] == "Box([2])"
+    assert probe_spec(C.build({"env": {"id": custom_envs.make_corridor}}).env).obs_shape == (7,)
+    with pytest.raises(C.ConfigError, match="lambda or a function defined inside another"):
+        C.build({"env": {"id": lambda: custom_envs.Corridor()}})
+    main_fn = type(custom_envs.make_corridor)(custom_envs.make_corridor.__code__, {})
+    main_fn.__module__ = "__main__"
+    with pytest.raises(C.ConfigError, match="move make_corridor into a module on PYTHONPATH"):
+        C.build({"env": {"id": main_fn}})
