@@ -77,10 +77,10 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
     rows = [{"frames": r["frames"], "wall_s": w, "return": _finite(r.get("episode_return")),
              "entropy": _finite(r.get("loss/entropy")), "policy_lag": _finite(r.get("policy_lag")),
              "fps": _finite(r.get("fps"))} for r, w in zip(recs, wall)]
-    milestones = {}
+    crossed = {}
     for m in milestones:
         hit = next((row for row in rows if row["return"] is not None and row["return"] >= m), None)
-        milestones[f"{m:+g}"] = {"frames": hit["frames"], "minutes": round(hit["wall_s"] / 60, 1)} if hit else None
+        crossed[f"{m:+g}"] = {"frames": hit["frames"], "minutes": round(hit["wall_s"] / 60, 1)} if hit else None
     with_return = [row for row in rows if row["return"] is not None]
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     fps = [row["fps"] for row in rows if row["fps"]]
@@ -89,7 +89,7 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
         "frames": rows[-1]["frames"] if rows else 0, "wall_minutes": round(wall[-1] / 60, 1) if wall else 0.0,
         "final_return_last100": with_return[-1]["return"] if with_return else None,
         "best_return_last100": max((row["return"] for row in with_return), default=None),
-        "milestones": milestones, "fps_median": sorted(fps)[len(fps) // 2] if fps else None,
+        "milestones": crossed, "fps_median": sorted(fps)[len(fps) // 2] if fps else None,
         "outcome": summary.get("outcome", "unfinished"), "run_dir": run.name,
         "learner": cfg["learner"], "actors": cfg["actors"], "env_config": cfg["env"],
         "curve": rows,

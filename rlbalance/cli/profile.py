@@ -11,13 +11,15 @@ the run directory.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .options import add_config_arguments, cli_overrides
 from .. import config as C
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=10, help="profiled iterations per phase (after 3 warm-up)")
+    p.add_argument("--steps", type=int, default=10, help="profiled iterations per phase (after 3 warm-up): inference passes and whole learner updates (each "
+                   "learner.epochs x learner.minibatches optimizer steps); the training budget is --run.total_steps")
     add_config_arguments(p)
 
 
@@ -28,6 +30,10 @@ def run(args: argparse.Namespace) -> int:
                    cli_overrides(args))
     cfg = C.build(over)
     prof, run_dir = profile_run(cfg, steps=args.steps)
+    if "phases" not in prof:  # the training run stopped (Ctrl-C, SIGTERM) before the capture
+        print(f"rlbalance profile: the run stopped before the kernel view was captured; see {run_dir}",
+              file=sys.stderr)
+        return 130
     for phase, g in prof["phases"].items():
         kinds = ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(g["by_kind_ms"].items(), key=lambda kv: -kv[1]))
         flops = f", {g['achieved_flops'] / 1e9:.2f} GFLOP/s achieved" if g["achieved_flops"] else ""
