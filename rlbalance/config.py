@@ -501,7 +501,7 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     imports = tuple(coerce("env", "imports", (overrides.get("env") or {}).get("imports", EnvConfig.imports)))
     name = presets.resolve(name, env_id, imports)  # an unknown name has no layer; RunConfig refuses it by name
     user_buffers = "buffers_per_actor" in (overrides.get("actors") or {})
-    overrides = merge(presets.layer(name), overrides, {"run": {"preset": name}})
+    overrides = merge(presets.layer(name, env_id), overrides, {"run": {"preset": name}})
     sections = {}
     for sec, cls in SECTIONS.items():
         vals = {k: coerce(sec, k, v) for k, v in (overrides.get(sec) or {}).items()}
