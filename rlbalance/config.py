@@ -452,8 +452,7 @@ def coerce(section: str, name: str, value: Any) -> Any:
                 raise TypeError
             return float(value)
         if typ is str:
-            if isinstance(value, dict) and dataclasses.fields(cls) and \
-                    {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("json_object"):
+            if isinstance(value, dict) and cls.__dataclass_fields__[name].metadata.get("json_object"):
                 return json.dumps(value, sort_keys=True)  # a config file's table
             if not isinstance(value, str):
                 raise TypeError
@@ -506,11 +505,10 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     for sec, cls in SECTIONS.items():
         vals = {k: coerce(sec, k, v) for k, v in (overrides.get(sec) or {}).items()}
         sections[sec] = cls(**vals)
-    a, lrn = sections["actors"], sections["learner"]
-    if a.buffers_per_actor and not user_buffers and lrn.batch_size % a.envs_per_actor == 0:
+    if not user_buffers:
         # A preset's buffer count (kept low to bound policy lag) fits its own actor layout; with fewer actors or
         # groups given on top of it, raise it to the least that does not stall (a user's own value is checked).
-        sections["actors"] = fit_buffers(a, lrn)
+        sections["actors"] = fit_buffers(sections["actors"], sections["learner"])
     unknown = set(overrides) - set(SECTIONS)
     if unknown:
         raise ConfigError(f"unknown config section(s) {sorted(unknown)}; sections are {sorted(SECTIONS)}")

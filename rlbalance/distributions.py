@@ -22,7 +22,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-KINDS = ("discrete", "multi_discrete", "box")
 _LOG_2PI = math.log(2 * math.pi)
 
 
@@ -98,10 +97,6 @@ class ActionSpec:
         if self.kind == "multi_discrete":
             return f"MultiBinary({self.dim})" if self.binary else f"MultiDiscrete({list(self.nvec)})"
         return f"Box({list(self.shape)})"
-
-    def identity(self) -> dict:
-        """What a checkpoint records of the action space (compared on load)."""
-        return {"kind": self.kind, "nvec": list(self.nvec), "shape": list(self.shape)}
 
     # --- to and from the env -------------------------------------------------------------------------
     def to_env(self, action: np.ndarray):

@@ -203,12 +203,8 @@ def _import_user_modules(cfg: EnvConfig) -> str:
     """Import env.imports and the module of a 'module:EnvId' id (as gymnasium.make would); the bare EnvId."""
     import importlib
 
-    modules = list(cfg.imports)
-    env_id = cfg.id
-    if ":" in cfg.id:
-        module, _, env_id = cfg.id.partition(":")
-        modules.append(module)
-    for m in modules:
+    env_id = cfg.id.partition(":")[2] if ":" in cfg.id else cfg.id
+    for m in _user_modules(cfg):
         try:
             importlib.import_module(m)
         except ImportError as e:
@@ -230,15 +226,19 @@ def _import_user_modules(cfg: EnvConfig) -> str:
     return env_id
 
 
+def _user_modules(cfg: EnvConfig) -> list[str]:
+    """env.imports, then the module of a 'module:EnvId' id."""
+    return list(cfg.imports) + ([cfg.id.partition(":")[0]] if ":" in cfg.id else [])
+
+
 def user_module_dirs(cfg: EnvConfig) -> list[str]:
     """The folders this process imports env.imports and a 'module:EnvId' module from (for processes that do
     not inherit its sys.path, such as Ray workers on this machine)."""
     import importlib.util
     import os
 
-    names = list(cfg.imports) + ([cfg.id.partition(":")[0]] if ":" in cfg.id else [])
     dirs = []
-    for name in names:
+    for name in _user_modules(cfg):
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):

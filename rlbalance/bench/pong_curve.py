@@ -21,29 +21,26 @@ from rlbalance.bench.trainer import workload_config
 MILESTONES = (-15.0, 18.0)
 
 
-def run_curve(frames: int, seed: int, out: Path, extra: dict | None = None) -> dict:
+def _train_curve(cfg, steps: int, seed: int, out: Path, name: str) -> Path:
+    """Train ``cfg`` for ``steps`` env steps under ``out``/runs, logging every 10 s; returns the run directory."""
     from rlbalance.train import train
 
-    cfg = workload_config("pong", extra)
-    steps = frames // cfg.env.frameskip
     cfg = replace(cfg, run=replace(cfg.run, total_steps=steps, seed=seed, out_dir=str(out / "runs"),
-                                   name=f"pong-curve-seed{seed}-{int(time.time())}", checkpoint_interval_s=300.0),
+                                   name=f"{name}-seed{seed}-{int(time.time())}", checkpoint_interval_s=300.0),
                   telemetry=replace(cfg.telemetry, tensorboard=True, log_interval_s=10.0))
-    summary = train(cfg)
-    return write_curve(Path(summary["run_dir"]), out)
+    return Path(train(cfg)["run_dir"])
+
+
+def run_curve(frames: int, seed: int, out: Path, extra: dict | None = None) -> dict:
+    cfg = workload_config("pong", extra)
+    return write_curve(_train_curve(cfg, frames // cfg.env.frameskip, seed, out, "pong-curve"), out)
 
 
 def run_mujoco_curve(steps: int, seed: int, out: Path, workload: str = "halfcheetah",
                      extra: dict | None = None) -> dict:
     """A MuJoCo learning curve with the continuous preset: ``steps`` env steps; writes curve.json, .csv, .png."""
-    from rlbalance.train import train
-
-    cfg = workload_config(workload, extra)
-    cfg = replace(cfg, run=replace(cfg.run, total_steps=steps, seed=seed, out_dir=str(out / "runs"),
-                                   name=f"{workload}-seed{seed}-{int(time.time())}", checkpoint_interval_s=300.0),
-                  telemetry=replace(cfg.telemetry, tensorboard=True, log_interval_s=10.0))
-    summary = train(cfg)
-    return write_curve(Path(summary["run_dir"]), out, milestones=(), stem="curve")
+    run = _train_curve(workload_config(workload, extra), steps, seed, out, workload)
+    return write_curve(run, out, milestones=(), stem="curve")
 
 
 def _records(run: Path) -> list[dict]:
