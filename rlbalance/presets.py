@@ -94,7 +94,7 @@ def resolve(name: str, env_id: str, imports: tuple[str, ...] = ()) -> str:
 # measured justification.
 ENV_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # Pendulum's horizon is short and its reward dense: discount 0.95 (the Zoo uses 0.9) and lr 6e-4. Serial
-    # runs, 300k steps, seed 0: -228 (this), -370 (the preset's 0.99 and 3e-4); 0.95 with 3e-4: -285 at 200k.
+    # runs, 300k steps, seed 0: -228 (this), -370 (the preset's 0.99 and 3e-4); 0.95 with 3e-4: -285 at 200k.  (bench/results/pendulum/)
     "Pendulum-v1": {"learner": {"discount": 0.95, "learning_rate": 6e-4}},
 }
 
