@@ -270,14 +270,18 @@ def this_machine(cal: dict) -> Machine:
 
 
 def validate(cal: dict, rows: list[dict]) -> dict:
-    """Predicted against measured FPS for sweep points on the calibrated machine."""
+    """Predicted against measured FPS for sweep points on the calibrated machine (a point run several times
+    counts with the median of its runs, and its spread is kept)."""
+    from .sweep import combine_repeats
+
     m = this_machine(cal)
     out = []
-    for r in rows:
+    for r in combine_repeats(rows):
         if not r["fps"] or r["fps"] <= 0:  # a point with no measured FPS (too short a run) says nothing
             continue
         p = predict(cal, m, int(r["actor_cores"]))
-        out.append({"key": r["key"], "point": r["point"], "measured_fps": r["fps"], "predicted_fps": p["fps"],
+        out.append({"key": r["key"], "point": r["point"], "measured_fps": r["fps"], "measured_fps_min": r["fps_min"],
+                    "measured_fps_max": r["fps_max"], "runs": r["runs"], "predicted_fps": p["fps"],
                     "error": abs(p["fps"] - r["fps"]) / r["fps"], "measured_verdict": r["verdict"],
                     "predicted_verdict": p["verdict"]})
     errs = [x["error"] for x in out]

@@ -263,7 +263,7 @@ class Session:
             "actor_seconds_lost": self.actor_pool.pending_lost_seconds() if self.actor_pool else 0.0,
             "actor_faults": self.actor_pool.events if self.actor_pool else [],
             "verdict": tel["verdict"]["verdict"], "verdict_evidence": tel["verdict"]["evidence"],
-            "verdict_advice": tel["verdict"]["advice"],
+            "verdict_advice": tel["verdict"]["advice"], "stage_shares": tel["stage_shares"],
             "node_power_w": hw.get("node_power_w"), "cpu_util_mean": hw.get("cpu_util_mean"),
             "checkpoint": str(ckpt), "run_dir": str(self.run.path),
             "actors_on": "ray" if self.cfg.ray.enabled else "local processes",

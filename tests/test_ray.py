@@ -181,4 +181,4 @@ def test_sweep_and_ratio_with_ray_actors(tmp_path):
         s = json.load(open(os.path.join(r["run_dir"], "summary.json")))
         assert s["actors_on"] == "ray" and sorted(i for n in s["nodes"].values() for i in n["actors"]) == [0, 1]
     a = analyse(rows)
-    assert [p["R"] for p in a["curve"]] == [1, 2] and a["throughput_optimal_R"] in (1, 2)
+    assert [p["R"] for p in a["curve"]] == [1, 2] and a["best_R_swept"] in (1, 2)

@@ -23,7 +23,8 @@ def run_bench_sweep(out: Path, actors: list[int], steps: int, workloads: str) ->
                          progress=lambda i, total, label: print(f"[sweep {w}] {i}/{total} {label}", flush=True))
         a = analyse(rows)
         write_outputs(a, out / w)
-        results[w] = {"throughput_optimal_R": a["throughput_optimal_R"], "knee_verdict": a["knee_verdict"],
+        results[w] = {"throughput_optimal_R": a["throughput_optimal_R"], "knee_bracketed": a["knee_bracketed"],
+                      "best_R_swept": a["best_R_swept"], "warnings": a["warnings"], "knee_verdict": a["knee_verdict"],
                       "efficiency_optimal_R": a["efficiency_optimal_R"], "power_source": a["power_source"],
                       "accelerator": a["accelerator"], "curve": a["curve"]}
     path = out / "ratios.json"  # workloads swept in earlier runs keep their entries

@@ -26,8 +26,14 @@ def run(args: argparse.Namespace) -> int:
     a = analyse(load_rows(args.db, args.name))
     page = write_outputs(a, args.out)
     for p in a["curve"]:
-        print(f"R={p['R']:g}: {p['fps_per_accelerator']:,.0f} FPS/accelerator, {p['verdict']}")
-    print(f"throughput-optimal R = {a['throughput_optimal_R']:g} ({a['knee_verdict']}); "
-          f"efficiency-optimal R = {a['efficiency_optimal_R']} (power {a['power_source']})")
+        spread = (f" ({p['fps_per_accelerator_min']:,.0f} to {p['fps_per_accelerator_max']:,.0f}, {p['runs']} runs)"
+                  if p["runs"] > 1 else "")
+        print(f"R={p['R']:g}: {p['fps_per_accelerator']:,.0f} FPS/accelerator{spread}, {p['verdict']}")
+    knee = (f"{a['throughput_optimal_R']:g} ({a['knee_verdict']})" if a["throughput_optimal_R"] is not None
+            else f"not bracketed (best swept: R={a['best_R_swept']:g})")
+    print(f"throughput-optimal R = {knee}; efficiency-optimal R = {a['efficiency_optimal_R']} "
+          f"(power {a['power_source']})")
+    for w in a["warnings"]:
+        print(f"warning: {w}")
     print(f"wrote {page}")
     return 0
