@@ -29,11 +29,21 @@ class Learner:
     """
 
     def __init__(self, model: ActorCritic, cfg: LearnerConfig, device: torch.device, total_steps: int,
-                 step_lock=None):
+                 step_lock=None, distributed: bool = False):
         self.cfg, self.device, self.total_steps = cfg, device, total_steps
         # Held around the optimizer step, so a concurrent inference pass never sees half-updated weights.
         self.step_lock = step_lock or contextlib.nullcontext()
         self.model = model.to(device)
+        # One learner process per device (rlbalance.distributed): the loss's forward passes go through
+        # DistributedDataParallel, whose backward all-reduces (averages) the gradients, so every rank takes the same
+        # optimizer step from the same weights. Each rank's loss is a mean over its own batch; with equal batches
+        # the averaged gradient is that of their union. Inference and checkpoints use the module itself.
+        self.train_model = self.model
+        if distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.train_model = DistributedDataParallel(self.model, device_ids=[device] if device.type == "cuda"
+                                                       else None, broadcast_buffers=False)
         # Data parallel over learner.devices: replicas of the model on the other devices (or CPU replicas),
         # each trained on an equal shard of the batch; their gradients are averaged into self.model's.
         from .model import resolve_devices
@@ -73,7 +83,7 @@ class Learner:
         ``targets`` from an earlier pass over the same unrolls are reused (later epochs), as PPO reuses
         its advantages; without them they are computed from this forward pass."""
         cfg = self.cfg
-        model = model or self.model
+        model = model or self.train_model
         t1, n = b["action"].shape[:2]
         t = t1 - 1
         logits, values = model(b["obs"].reshape(t1 * n, *b["obs"].shape[2:]))
@@ -83,8 +93,9 @@ class Learner:
         actions = b["action"][:t]
         target_logp = dist.log_prob(logits[:t], actions)
         behaviour_logp = dist.log_prob(b["logits"][:t].float(), actions)
-        if targets is None:
-            targets = self._targets(b, model, target_logp.detach() - behaviour_logp, values.detach())
+        if targets is None:  # (no gradients there: the module itself, not its DDP wrapper)
+            targets = self._targets(b, getattr(model, "module", model), target_logp.detach() - behaviour_logp,
+                                    values.detach())
         vs, adv = targets
         if cfg.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)

@@ -28,12 +28,21 @@ class ObsNorm(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
-        """Fold a batch [..., *shape] into the statistics."""
+        """Fold a batch [..., *shape] into the statistics; with several learner processes, the batch of all of
+        them (its moments summed across ranks), so every replica keeps the same statistics."""
+        from . import distributed
+
         x = x.reshape(-1, *self.mean.shape).float()
-        n = x.shape[0]
+        if distributed.world_size() > 1:
+            self.fold(*distributed.global_moments(x))
+        elif x.shape[0]:
+            self.fold(x.shape[0], x.mean(0), x.var(0, unbiased=False))
+
+    @torch.no_grad()
+    def fold(self, n: float, b_mean: torch.Tensor, b_var: torch.Tensor) -> None:
+        """Fold a batch's count, mean and (biased) variance into the statistics (parallel Welford)."""
         if n == 0:
             return
-        b_mean, b_var = x.mean(0), x.var(0, unbiased=False)
         total = self.count + n
         delta = b_mean - self.mean
         m2 = self.var * self.count + b_var * n + delta.pow(2) * self.count * n / total
