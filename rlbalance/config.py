@@ -171,9 +171,17 @@ class LearnerConfig:
     """The V-trace actor-critic learner."""
 
     device: str = _f("auto", "Learner device: 'auto' (cuda when available, else cpu), 'cpu' or 'cuda'.")
-    devices: int = _f(1, "Learner devices, data parallel: each batch is split over this many (cuda:0..N-1, or N "
-                      "replicas on host threads for a CPU learner), gradients are averaged on the first, where "
-                      "central inference runs. Advantages are normalised per device shard.")
+    devices: int = _f(1, "Learner devices, data parallel (see learner.data_parallel): cuda:0..N-1, or N CPU learners.")
+    data_parallel: str = _f("auto", "How N learner devices share the work. 'ddp': one learner process per device on "
+                            "torch.distributed (gloo on CPUs, NCCL on GPUs), each with its own share of the actors, "
+                            "its own central inference server and batches of learner.batch_size unrolls (B x N "
+                            "summed), gradients all-reduced by DistributedDataParallel. 'threads': one process, "
+                            "each batch split over the devices, gradients averaged on the first, where central "
+                            "inference runs. 'auto': ddp with local actor processes, threads for run.mode=serial "
+                            "and Ray actors.")
+    lr_scaling: str = _f("none", "With data_parallel=ddp over N devices, the learning rate used: 'none' "
+                         "learner.learning_rate as given (the gradient is averaged over a batch N times larger), "
+                         "'linear' times N (Goyal et al. 2017), 'sqrt' times sqrt(N).")
     model: str = _f("auto", "'mlp', 'nature_cnn', or 'auto' (CNN for image observations, else MLP).")
     hidden_sizes: tuple[int, ...] = _f((64, 64), "MLP hidden layer sizes.")
     unroll_length: int = _f(20, "Unroll length T (steps per trajectory).")
@@ -235,11 +243,10 @@ class LearnerConfig:
         _require(self.batch_size % self.minibatches == 0, "learner.minibatches", self.minibatches,
                  f"must divide learner.batch_size={self.batch_size} (equal parts of whole unrolls)")
         _require(0.0 <= self.ppo_clip < 1.0, "learner.ppo_clip", self.ppo_clip, "must be in [0, 1) (0: off)")
-        _require(self.devices == 1 or (self.epochs == 1 and self.minibatches == 1), "learner.devices", self.devices,
-                 "several learner devices take one optimizer step per batch: use learner.epochs=1 and "
-                 "learner.minibatches=1 with it")
-        _require(self.batch_size % self.devices == 0, "learner.batch_size", self.batch_size,
-                 f"must be a multiple of learner.devices={self.devices} (each device trains on an equal shard)")
+        _require(self.data_parallel in ("auto", "ddp", "threads"), "learner.data_parallel", self.data_parallel,
+                 "'auto', 'ddp' or 'threads'")
+        _require(self.lr_scaling in ("none", "linear", "sqrt"), "learner.lr_scaling", self.lr_scaling,
+                 "'none', 'linear' or 'sqrt'")
 
 
 @dataclass(frozen=True)
@@ -377,6 +384,44 @@ class Config:
         if self.inference.max_batch:
             _require(self.inference.max_batch >= k, "inference.max_batch", self.inference.max_batch,
                      f"must be 0 or >= actors.envs_per_actor={k} (one actor's envs go in one forward pass)")
+        lrn, n = self.learner, self.learner.devices
+        if n > 1 and self.ddp:
+            _require(self.run.mode == "parallel" and not self.ray.enabled, "learner.data_parallel", lrn.data_parallel,
+                     "'ddp' runs one learner process per device with its own local actor processes: use "
+                     "run.mode=parallel without ray.address, or learner.data_parallel=threads")
+            _require(self.actors.num_actors % n == 0, "actors.num_actors", self.actors.num_actors,
+                     f"must be a multiple of learner.devices={n}: each learner process serves an equal share of "
+                     f"the actors (try {max(n, round(self.actors.num_actors / n) * n)})")
+            try:
+                self.rank_config(0)  # each learner process's own layout must hold
+            except ConfigError as e:
+                raise ConfigError(f"per learner process ({self.actors.num_actors // n} of the "
+                                  f"{self.actors.num_actors} actors each, learner.devices={n}): {e}") from None
+        elif n > 1:
+            _require(lrn.epochs == 1 and lrn.minibatches == 1, "learner.devices", n,
+                     "with learner.data_parallel=threads several devices take one optimizer step per batch: use "
+                     "learner.epochs=1 and learner.minibatches=1 with it, or data_parallel=ddp")
+            _require(lrn.batch_size % n == 0, "learner.batch_size", lrn.batch_size,
+                     f"must be a multiple of learner.devices={n} (with data_parallel=threads each device trains on "
+                     "an equal shard)")
+
+    @property
+    def ddp(self) -> bool:
+        """Whether learner.devices > 1 runs one learner process per device (torch.distributed)."""
+        if self.learner.devices == 1:
+            return False
+        if self.learner.data_parallel == "auto":
+            return self.run.mode == "parallel" and not self.ray.enabled
+        return self.learner.data_parallel == "ddp"
+
+    def rank_config(self, rank: int) -> "Config":
+        """The config of learner process ``rank`` (data_parallel=ddp): its share of the actors, one device, and
+        its own seed (so its envs differ from the other ranks')."""
+        n = self.learner.devices
+        return dataclasses.replace(
+            self, actors=dataclasses.replace(self.actors, num_actors=self.actors.num_actors // n),
+            learner=dataclasses.replace(self.learner, devices=1, data_parallel="auto"),
+            run=dataclasses.replace(self.run, seed=self.run.seed + 7919 * rank))
 
     @property
     def buffers_per_batch(self) -> int:

@@ -43,18 +43,23 @@ class Learner:
             from torch.nn.parallel import DistributedDataParallel
 
             self.train_model = DistributedDataParallel(self.model, device_ids=[device] if device.type == "cuda"
-                                                       else None, broadcast_buffers=False)
+                                                       else None, forward_sync_buffers=False)
         # Data parallel over learner.devices: replicas of the model on the other devices (or CPU replicas),
         # each trained on an equal shard of the batch; their gradients are averaged into self.model's.
         from .model import resolve_devices
 
-        self.devices = [device] + resolve_devices(device.type, cfg.devices)[1:] if cfg.devices > 1 else [device]
+        threads = cfg.devices > 1 and not distributed
+        self.devices = [device] + resolve_devices(device.type, cfg.devices)[1:] if threads else [device]
         self.replicas = [copy.deepcopy(self.model).to(d) for d in self.devices[1:]]
         self._pool = None
         if self.replicas:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="learner-shard")
+        from . import distributed as dist
+
+        self.world = dist.world_size() if distributed else 1
+        self.lr_factor = {"none": 1.0, "linear": float(self.world), "sqrt": self.world ** 0.5}[cfg.lr_scaling]
         self.action = model.action  # the action space's distribution (rlbalance.distributions)
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=cfg.learning_rate, eps=cfg.adam_eps)
@@ -66,9 +71,10 @@ class Learner:
             self._ev_end = torch.cuda.Event(enable_timing=True)
 
     def lr_now(self) -> float:
+        lr = self.cfg.learning_rate * self.lr_factor
         if self.cfg.lr_schedule == "constant":
-            return self.cfg.learning_rate
-        return self.cfg.learning_rate * max(0.0, 1.0 - self.steps / self.total_steps)
+            return lr
+        return lr * max(0.0, 1.0 - self.steps / self.total_steps)
 
     def to_device(self, batch: dict[str, torch.Tensor], device: torch.device | None = None) -> dict[str, torch.Tensor]:
         device = device or self.device
@@ -222,7 +228,7 @@ class Learner:
     def _count(self, action: torch.Tensor, out: dict, grad_norm, lr: float, h2d: float, fwd_bwd: float,
                optim: float) -> dict[str, float]:
         self.updates += 1
-        self.steps += (action.shape[0] - 1) * action.shape[1]
+        self.steps += (action.shape[0] - 1) * action.shape[1] * self.world  # every rank trains on as many
         out.update(grad_norm=float(grad_norm), lr=lr, time_h2d=h2d, time_fwd_bwd=fwd_bwd, time_optim=optim)
         return out
 

@@ -50,6 +50,27 @@ class RoleShares:
         return {r: {k: v / max(self.wall[r], 1e-9) for k, v in sec.items()} for r, sec in self.seconds.items()}
 
 
+STRAGGLER_GAP = 0.15  # a learner rank waiting for its actors' data this much more of its time than the others
+
+
+def straggling_rank(ranks: dict[str, dict]) -> dict | None:
+    """The learner rank that holds the others back, where one does: in lockstep training every rank waits at each
+    all-reduce for the slowest, so the rank whose own actors keep it waiting for data far longer than the others
+    wait for theirs is the straggler (its actors or env are slower, or have fewer cores)."""
+    waits = {r: v["stage_shares"].get("learner", {}).get("wait_data") for r, v in ranks.items()}
+    waits = {r: w for r, w in waits.items() if w is not None}
+    if len(waits) < 2:
+        return None
+    slow = max(waits, key=waits.get)
+    others = [w for r, w in waits.items() if r != slow]
+    if waits[slow] - max(others) < STRAGGLER_GAP:
+        return None
+    return {"rank": int(slow), "wait_data": waits[slow], "others_wait_data": max(others),
+            "evidence": f"learner rank {slow} waits for its actors' data {waits[slow]:.0%} of its time against at "
+                        f"most {max(others):.0%} for the other ranks: it straggles, and every all-reduce waits for it "
+                        f"(give its actors more cores, or check its node)"}
+
+
 class Session:
     def __init__(self, cfg: Config, run: RunDir, learner: Learner, spec: EnvSpec, episodes: EpisodeStats,
                  model_lock: threading.Lock, session_index: int = 0):
@@ -82,6 +103,9 @@ class Session:
         self.actor_pool = None  # set by the parallel runner: restarts and lost actor-seconds
         self.nodes = None  # set by the Ray runner: per-node CPU figures reported by the actors
         self.extra_info: dict[str, object] = {}  # runner facts for telemetry.json and the summary
+        self.ranks = None  # learner ranks 1..N-1 (ddp_runner.Ranks) where learner.data_parallel=ddp
+        self.rank_shares: dict[int, RoleShares] = {}  # each learner rank's roles, after warm-up
+        self.rank_batch_sizes: dict[int, Counter] = {}  # ranks 1..N-1's inference batch sizes
         self.sampler = None
         if tc.hardware_interval_s > 0:
             self.sampler = HardwareSampler(tc.hardware_interval_s, PowerModel(
@@ -95,14 +119,22 @@ class Session:
         return first is not None and time.perf_counter() - first >= self.cfg.telemetry.warmup_s
 
     def done(self) -> bool:
+        if self.ranks is None:
+            return self._done()
+        return self.ranks.done(self, self._done())  # every learner rank stops at the same update
+
+    def _done(self) -> bool:
         if self.learner.steps >= self.cfg.run.total_steps:
             return True
         first = self.logger.first_t  # run.max_seconds counts training time, from the first update
         return bool(self.cfg.run.max_seconds) and first is not None and \
             time.perf_counter() - first >= self.cfg.run.max_seconds
 
-    def role_snapshot(self, role: str, snap: dict) -> None:
-        """Stage times reported by a role (actors, inference server) since its last report."""
+    def role_snapshot(self, role: str, snap: dict, rank: int = 0) -> None:
+        """Stage times reported by a role (actors, inference server) since its last report; ``rank``: the learner
+        rank whose role it is (learner.data_parallel=ddp; its figures are kept apart as well)."""
+        if self.ranks is not None and self.warm:
+            self.rank_shares.setdefault(rank, RoleShares()).add(role, snap)
         if role in self.window and self.window[role] is not snap:
             prev = self.window[role]
             merged = {"wall_s": prev["wall_s"] + snap["wall_s"],
@@ -118,11 +150,7 @@ class Session:
     def after_update(self, batch: dict[str, torch.Tensor], train_stats: dict[str, float]) -> None:
         self.episodes.add_from_batch(batch["ep_return"][:-1].numpy(), batch["ep_length"][:-1].numpy(),
                                      batch["ep_end"][:-1].numpy())
-        lag = float(self.learner.updates - 1 - batch["version"].float().mean())
-        self.policy_lag.append(lag)
-        if self.warm:
-            self.lag_total += lag
-            self.lag_count += 1
+        self.note_lag(float(self.learner.updates - 1 - batch["version"].float().mean()))
         self.last_train = train_stats
         for k in ("time_h2d", "time_fwd_bwd", "time_optim"):
             self.timer.add(k.removeprefix("time_"), train_stats[k])
@@ -135,6 +163,13 @@ class Session:
             self.log(now)
         if now - self.last_ckpt >= self.cfg.run.checkpoint_interval_s:
             self.checkpoint()
+
+    def note_lag(self, lag: float) -> None:
+        """The policy lag of one batch (updates between the behaviour policy and the one trained)."""
+        self.policy_lag.append(lag)
+        if self.warm:
+            self.lag_total += lag
+            self.lag_count += 1
 
     def log(self, now: float | None = None) -> dict:
         now = now or time.perf_counter()
@@ -201,6 +236,12 @@ class Session:
         transport = {"bytes_per_step": self.transport_bytes_per_step(), "source": "derived from buffer sizes and "
                      "counted steps"}
         transport["bytes_per_s"] = transport["bytes_per_step"] * sps
+        if self.ranks is not None:
+            self.extra_info["learner_ranks"] = self.rank_figures()
+            straggler = straggling_rank(self.extra_info["learner_ranks"])
+            if straggler:
+                verdict["straggler"] = straggler
+                verdict["evidence"] += "; " + straggler["evidence"]
         return {"stage_shares": shares, "hardware": hw, "verdict": verdict, "latency_ms": latencies,
                 "transport": transport,
                 "verdict_timeline": self.verdicts,
@@ -208,6 +249,21 @@ class Session:
                 **self.extra_info,
                 "inference_batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
                 "hardware_timeline": self.sampler.timeline() if self.sampler is not None else []}
+
+    def rank_figures(self) -> dict[str, dict]:
+        """Each learner rank's stage shares and inference batch sizes (learner.data_parallel=ddp)."""
+        others = Counter()
+        for c in self.rank_batch_sizes.values():
+            others.update(c)
+        sizes = {0: self.batch_sizes - others, **self.rank_batch_sizes}
+        out = {}
+        for r in range(self.cfg.learner.devices):
+            b = sizes.get(r, Counter())
+            n = sum(b.values())
+            out[str(r)] = {"stage_shares": self.rank_shares[r].shares() if r in self.rank_shares else {},
+                           "inference_batch_mean": sum(k * v for k, v in b.items()) / n if n else None,
+                           "inference_batch_sizes": {str(k): v for k, v in sorted(b.items())}}
+        return out
 
     def transport_bytes_per_step(self) -> int:
         """Bytes moved through shared memory per env step: the actor's unroll-buffer row, the learner's
@@ -268,6 +324,9 @@ class Session:
             "checkpoint": str(ckpt), "run_dir": str(self.run.path),
             "actors_on": "ray" if self.cfg.ray.enabled else "local processes",
             "nodes": tel["nodes"],
+            **({"learner_ranks": {r: {"inference_batch_mean": v["inference_batch_mean"],
+                                      "stage_shares": v["stage_shares"]} for r, v in tel["learner_ranks"].items()}}
+               if "learner_ranks" in tel else {}),
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         if summary["node_power_w"]:

@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS points (
     hardware TEXT, run_dir TEXT, started TEXT, ended TEXT,
     point_key TEXT,               -- the point (a hash of its whole config); its repeats share it
     repeat INTEGER,               -- 0, 1, ... N-1
-    stage_shares TEXT             -- each role's stage shares over the run (after warm-up), JSON
+    stage_shares TEXT,            -- each role's stage shares over the run (after warm-up), JSON
+    learner_ranks TEXT            -- with learner.data_parallel=ddp: each learner rank's stage shares and inference batch
 );
 CREATE TABLE IF NOT EXISTS sweeps (
     name TEXT PRIMARY KEY,
@@ -52,7 +53,7 @@ CREATE TABLE IF NOT EXISTS sweeps (
     updated TEXT NOT NULL
 );
 """
-_ADDED = {"point_key": "TEXT", "repeat": "INTEGER", "stage_shares": "TEXT"}
+_ADDED = {"point_key": "TEXT", "repeat": "INTEGER", "stage_shares": "TEXT", "learner_ranks": "TEXT"}
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,8 @@ def done_keys(db: sqlite3.Connection) -> set[str]:
 
 _COLUMNS = ("key", "sweep", "point", "config", "actor_cores", "accelerators", "device", "fps", "sps",
             "episode_return", "policy_lag", "cpu_util", "node_power_w", "power_source", "fps_per_watt", "verdict",
-            "evidence", "hardware", "run_dir", "started", "ended", "point_key", "repeat", "stage_shares")
+            "evidence", "hardware", "run_dir", "started", "ended", "point_key", "repeat", "stage_shares",
+            "learner_ranks")
 
 
 def run_sweep(name: str, base: dict, axes: dict[str, list[str]], steps: int, db_path: str | Path,
@@ -218,7 +220,8 @@ def run_sweep(name: str, base: dict, axes: dict[str, list[str]], steps: int, db_
                cfg.learner.devices, s["device"], s["fps_sustained"], s["sps_sustained"], s["episode_return_last100"],
                s.get("policy_lag_mean"), s.get("cpu_util_mean"), power.get("value"), power.get("source"),
                (s.get("fps_per_watt") or {}).get("value"), s["verdict"], s["verdict_evidence"], stamp,
-               s["run_dir"], started, s["ended"], p.key, rep, json.dumps(s.get("stage_shares") or {}))
+               s["run_dir"], started, s["ended"], p.key, rep, json.dumps(s.get("stage_shares") or {}),
+               json.dumps(s.get("learner_ranks") or {}))
         with db:  # one transaction per finished run: a kill loses at most the run in progress
             db.execute(f"INSERT OR REPLACE INTO points ({', '.join(_COLUMNS)}) VALUES ({','.join('?' * len(row))})",
                        row)
@@ -253,6 +256,7 @@ def load_rows(db_path: str | Path, sweep: str | None = None) -> list[dict]:
         r["point_key"] = r.get("point_key") or r["key"]  # a schema-1 row: one run per point
         r["repeat"] = r.get("repeat") or 0
         r["stage_shares"] = json.loads(r["stage_shares"]) if r.get("stage_shares") else {}
+        r["learner_ranks"] = json.loads(r["learner_ranks"]) if r.get("learner_ranks") else {}
     return rows
 
 

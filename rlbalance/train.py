@@ -163,6 +163,22 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
     model = build_model(cfg.learner, spec)  # an observation shape the model cannot take fails here
     episodes = EpisodeStats()
     model_lock = threading.Lock()
+    from .ddp_runner import launched_by_torchrun
+
+    launched = launched_by_torchrun()
+    if launched is not None:
+        from .config import ConfigError
+
+        rank, world, local_rank = launched
+        if not cfg.ddp or cfg.learner.devices != world:
+            raise ConfigError(f"learner.devices={cfg.learner.devices}: launched as one of {world} processes "
+                              f"(WORLD_SIZE), set learner.devices={world} (with local actor processes)")
+        if rank > 0:  # a learner rank of a torchrun launch: rank 0 keeps the run directory
+            from .ddp_runner import rank_main
+
+            rank_main(rank, cfg, spec, None, local_rank)
+            return {"outcome": "completed", "rank": rank}
+    state = path = None
     if resume:
         run = RunDir(Path(resume))
         run.lock()  # a run still going is refused before anything is read or written
@@ -173,7 +189,22 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         except BaseException:
             run.unlock()
             raise
-        learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock)
+    else:
+        run = RunDir.create(cfg)
+    ranks = None
+    if cfg.ddp:  # learner ranks 1..N-1 start and join this process in one torch.distributed group
+        from .ddp_runner import Ranks
+
+        ranks = Ranks(cfg, spec, launched=launched is not None)
+        try:
+            ranks.start()
+        except BaseException:
+            ranks.stop()
+            run.unlock()
+            raise
+    learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock,
+                      distributed=ranks is not None)
+    if state is not None:
         learner.load_state_dict(state)
         episodes.returns.extend(state.get("episodes_returns", []))
         episodes.lengths.extend(state.get("episodes_lengths", []))
@@ -181,9 +212,10 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         episodes.best_mean = float(state.get("episodes_best_mean", float("nan")))
         torch.set_rng_state(state["torch_rng"])
         run.write_config(cfg)  # overrides given on resume are part of the config this session uses
-    else:
-        run = RunDir.create(cfg)
-        learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock)
+    if ranks is not None:
+        from .ddp_runner import share_start_state
+
+        share_start_state(learner, learner.state_dict() if state is not None else None)
     session_index = run.write_meta({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from_steps": learner.steps,
                     "env_spec": {"obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
                                  "num_actions": spec.num_actions, "action_space": spec.action.describe(),
@@ -196,6 +228,10 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
             from .ray_runner import run_ray
 
             run_ray(cfg, spec, learner, session)
+        elif ranks is not None:
+            from .ddp_runner import run_rank0
+
+            run_rank0(cfg, spec, learner, session, ranks)
         else:
             (run_serial if cfg.run.mode == "serial" else run_parallel)(cfg, spec, learner, session)
         if after_run is not None:

@@ -41,7 +41,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args)
     summary = train(cfg, resume=args.resume)
-    _print_summary(summary)
+    if summary.get("rank"):  # a learner rank of a torchrun launch: rank 0 prints the run's summary
+        print(f"learner rank {summary['rank']}: {summary['outcome']}")
+    else:
+        _print_summary(summary)
     from . import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED
 
     return {"completed": EXIT_COMPLETED, "interrupted": EXIT_INTERRUPTED}.get(summary["outcome"], EXIT_FAILED)
