@@ -397,7 +397,10 @@ class Config:
             except ConfigError as e:
                 raise ConfigError(f"per learner process ({self.actors.num_actors // n} of the "
                                   f"{self.actors.num_actors} actors each, learner.devices={n}): {e}") from None
-        elif n > 1:
+        if n > 1 and not self.ddp:
+            _require(lrn.lr_scaling == "none", "learner.lr_scaling", lrn.lr_scaling,
+                     "scales the learning rate with the learner processes of learner.data_parallel=ddp; with "
+                     "data_parallel=threads the batch is split, not summed: leave it 'none'")
             _require(lrn.epochs == 1 and lrn.minibatches == 1, "learner.devices", n,
                      "with learner.data_parallel=threads several devices take one optimizer step per batch: use "
                      "learner.epochs=1 and learner.minibatches=1 with it, or data_parallel=ddp")
@@ -418,8 +421,12 @@ class Config:
         """The config of learner process ``rank`` (data_parallel=ddp): its share of the actors, one device, and
         its own seed (so its envs differ from the other ranks')."""
         n = self.learner.devices
+        aff = self.actors.cpu_affinity  # each rank's actors on their own slice of the cores given
+        share = len(aff) // n
+        if share:
+            aff = aff[rank * share:(rank + 1) * share]
         return dataclasses.replace(
-            self, actors=dataclasses.replace(self.actors, num_actors=self.actors.num_actors // n),
+            self, actors=dataclasses.replace(self.actors, num_actors=self.actors.num_actors // n, cpu_affinity=aff),
             learner=dataclasses.replace(self.learner, devices=1, data_parallel="auto"),
             run=dataclasses.replace(self.run, seed=self.run.seed + 7919 * rank))
 

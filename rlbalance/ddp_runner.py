@@ -29,6 +29,12 @@ from .timing import StageTimer
 REPORT_EVERY_S = 1.0
 
 
+def collective_timeout_s(cfg: Config) -> float:
+    """How long a rank waits at a collective for the others: past the time a rank's hung actor takes to be found
+    (actors.heartbeat_timeout_s) and replaced, so an actor restart on one rank does not time the others out."""
+    return 4 * cfg.actors.heartbeat_timeout_s + 60.0
+
+
 class RankDiedError(RuntimeError):
     """A learner rank stopped while the others were training."""
 
@@ -122,8 +128,11 @@ class RankSession:
 
     def take_report(self) -> dict:
         self.role_snapshot("learner", self.timer.snapshot(reset=True))
+        pool = self.actor_pool
         msg = {"rank": self.rank, "roles": self._roles, "episodes": self._episodes, "lags": self._lags,
-               "warm": self.warm, "batch_sizes": dict(self.batch_sizes)}
+               "warm": self.warm, "batch_sizes": dict(self.batch_sizes),
+               "actor_restarts": pool.restarts if pool else 0,
+               "actor_seconds_lost": pool.pending_lost_seconds() if pool else 0.0}
         self._roles, self._episodes, self._lags = {}, [], []
         self.batch_sizes = Counter()
         return msg
@@ -132,24 +141,26 @@ class RankSession:
 def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_rank: int | None = None) -> None:
     """Learner rank ``rank`` >= 1: join the group, build the same learner (rank 0's weights, counters and optimizer
     state), run its share of the actors until the ranks agree to stop."""
+    import signal
     import threading
 
     from .learner import Learner
     from .model import build_model
     from .train import run_parallel
 
+    # Ctrl-C reaches every process of the terminal: rank 0 alone decides, and the ranks stop at the update it
+    # names (as actors ignore it too).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     device = device_of(cfg, rank if local_rank is None else local_rank)
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.learner.torch_threads)
     try:
-        distributed.init(rank, cfg.learner.devices, device, port=port, timeout_s=cfg.actors.heartbeat_timeout_s)
+        distributed.init(rank, cfg.learner.devices, device, port=port, timeout_s=collective_timeout_s(cfg))
         model_lock = threading.Lock()
         learner = Learner(build_model(cfg.learner, spec), cfg.learner, device, cfg.run.total_steps,
                           step_lock=model_lock, distributed=True)
         share_start_state(learner, None)
         run_parallel(cfg.rank_config(rank), spec, learner, RankSession(cfg, rank, learner, model_lock))
-    except KeyboardInterrupt:
-        raise SystemExit(130)
     finally:
         distributed.close()
 
@@ -166,12 +177,13 @@ class Ranks:
             self.ctx.Process(target=rank_main, name=f"rlbalance-learner-rank{r}", args=(r, cfg, spec, self.port))
             for r in range(1, self.world)]
         self.last_report = time.perf_counter()
+        self.interrupted = False  # Ctrl-C or SIGTERM on rank 0: every rank stops at the next update
 
     def start(self) -> None:
         for p in self.procs:
             p.start()
         distributed.init(0, self.world, device_of(self.cfg, 0), port=self.port,
-                         timeout_s=self.cfg.actors.heartbeat_timeout_s)
+                         timeout_s=collective_timeout_s(self.cfg))
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid]
@@ -180,7 +192,7 @@ class Ranks:
         """Rank 0's side of the per-update agreement: stop when rank 0 or any rank says so; every second (and at
         the stop) gather the other ranks' reports into ``session``."""
         now = time.perf_counter()
-        stop, report = sync(local, now - self.last_report >= REPORT_EVERY_S)
+        stop, report = sync(local or self.interrupted, now - self.last_report >= REPORT_EVERY_S)
         if report or stop:
             self.last_report = now
             self.merge(session, gather_reports(None))
@@ -194,6 +206,8 @@ class Ranks:
             if not msg:
                 continue
             r = msg["rank"]
+            session.rank_actor_faults[r] = {"actor_restarts": msg["actor_restarts"],
+                                            "actor_seconds_lost": msg["actor_seconds_lost"]}
             if msg["episodes"]:
                 rets, lens = zip(*msg["episodes"])
                 session.episodes.add_from_batch(np.array(rets), np.array(lens), np.ones(len(rets), dtype=bool))
@@ -208,7 +222,8 @@ class Ranks:
                 session.batch_sizes.update(sizes)
 
     def failure(self, error: BaseException | None = None) -> RankDiedError | None:
-        """A RankDiedError naming the learner ranks this process started that have died, or None."""
+        """A RankDiedError naming the learner ranks this process started that have died, or None. ``killed``:
+        whether each of them died by a signal (not by an error of its own, which it printed)."""
         deadline = time.perf_counter() + 5.0
         while time.perf_counter() < deadline and not any(p.exitcode not in (None, 0) for p in self.procs):
             time.sleep(0.1)
@@ -219,8 +234,10 @@ class Ranks:
                 problems.append(f"learner rank {r} stopped ({how})")
         if not problems:
             return None
-        return RankDiedError("; ".join(problems) + (f" (rank 0 saw: {type(error).__name__}: {error})" if error else "")
-                             + "; the run stopped, its checkpoint resumes it (rlbalance train --resume RUN_DIR)")
+        err = RankDiedError("; ".join(problems) + (f" (rank 0 saw: {type(error).__name__}: {error})" if error else "")
+                            + "; the run stopped, its checkpoint resumes it (rlbalance train --resume RUN_DIR)")
+        err.killed = all(p.exitcode is None or p.exitcode <= 0 for p in self.procs)
+        return err
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Join ranks 1..N-1 (they leave their loops at the update the ranks agreed to stop at), terminating any
@@ -239,25 +256,44 @@ class Ranks:
 
 
 def run_rank0(cfg: Config, spec: EnvSpec, learner, session, ranks: Ranks) -> None:
-    """Rank 0's share of the actors and its learner loop; a rank that dies stops the run with its name, after a
-    checkpoint of the weights of the last update every rank finished."""
+    """Rank 0's share of the actors and its learner loop. Ctrl-C or SIGTERM here stops every rank at the next
+    update (then the usual final checkpoint and report). A rank killed by a signal stops the run with its name,
+    after a checkpoint of the weights of the last update every rank finished; a non-finite loss on any rank stops
+    every rank without one (the last good checkpoint stays the latest)."""
+    import signal
+    import threading
+
+    from .learner import NonFiniteLossError
     from .train import run_parallel
 
     session.ranks = ranks
     session.extra_info["data_parallel"] = {
         "kind": "ddp", "ranks": ranks.world, "backend": distributed.backend_for(learner.device),
         "launcher": "torchrun" if ranks.launched else "rlbalance", "learning_rate": learner.lr_now(),
-        "lr_scaling": cfg.learner.lr_scaling, "summed_batch_unrolls": cfg.learner.batch_size * ranks.world}
+        "lr_scaling": cfg.learner.lr_scaling, "summed_batch_unrolls": cfg.learner.batch_size * ranks.world,
+        "collective_timeout_s": collective_timeout_s(cfg)}
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        def interrupt(signum, frame):
+            ranks.interrupted = True
+
+        previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         run_parallel(cfg.rank_config(0), spec, learner, session)
-    except KeyboardInterrupt:
+    except NonFiniteLossError:
         ranks.stop(timeout_s=10.0)
         raise
     except BaseException as e:
         died = ranks.failure(e)
         ranks.stop(timeout_s=5.0)
         if died is not None:
-            session.checkpoint()
+            if died.killed:
+                session.checkpoint()
             raise died from e
         raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     ranks.stop()
+    if ranks.interrupted:
+        raise KeyboardInterrupt

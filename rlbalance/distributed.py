@@ -28,11 +28,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def init(rank: int, world: int, device: torch.device, addr: str = "127.0.0.1", port: int | None = None,
          timeout_s: float = 120.0) -> None:
-    """Join the learners' process group (rank ``rank`` of ``world``) over TCP at ``addr``:``port`` (or the
-    MASTER_ADDR/MASTER_PORT that torchrun sets). A rank that does not arrive within ``timeout_s`` makes the
-    others fail with torch's error rather than wait forever."""
-    addr = os.environ.get("MASTER_ADDR", addr)
-    port = int(os.environ.get("MASTER_PORT", port or 29500))
+    """Join the learners' process group (rank ``rank`` of ``world``) over TCP at ``addr``:``port``; with no port
+    (a torchrun launch), at the MASTER_ADDR/MASTER_PORT it sets. A collective that waits longer than
+    ``timeout_s`` for a rank fails with torch's error rather than wait forever."""
+    if port is None:
+        addr = os.environ.get("MASTER_ADDR", addr)
+        port = int(os.environ.get("MASTER_PORT", 29500))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend_for(device), init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,

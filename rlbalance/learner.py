@@ -198,11 +198,25 @@ class Learner:
 
     def _update_obs_norm(self, obs: torch.Tensor) -> None:
         """Fold the batch's observations (rows 0..T-1; row T is the next unroll's first) into the running
-        statistics, under the step lock so a concurrent inference pass sees old or new statistics, not a mix."""
+        statistics, under the step lock so a concurrent inference pass sees old or new statistics, not a mix. With
+        several learner processes, the moments of every rank's batch (summed across ranks outside the lock, so a
+        rank waiting for the others does not hold up its own inference server); non-finite ones stop every rank
+        alike, before they reach the statistics."""
         norm = getattr(self.model, "obs_norm", None)
-        if norm is not None:
+        if norm is None:
+            return
+        if self.world > 1:
+            from .distributed import global_moments
+
+            n, mean, var = global_moments(obs[:-1].reshape(-1, *norm.mean.shape))
+            if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
+                raise NonFiniteLossError(f"observations are NaN or infinite on a learner rank at update {self.updates}: "
+                                         "the environment returned them; fix the environment")
             with self.step_lock:
-                norm.update(obs[:-1])
+                norm.fold(n, mean, var)
+            return
+        with self.step_lock:
+            norm.update(obs[:-1])
 
     def _set_lr(self) -> float:
         lr = self.lr_now()
@@ -211,7 +225,16 @@ class Learner:
         return lr
 
     def _check_finite(self, total: torch.Tensor, stats: dict, b: dict[str, torch.Tensor] | None = None) -> None:
-        if torch.isfinite(total):
+        finite = bool(torch.isfinite(total))
+        if self.world > 1:  # every rank stops at the same step (one skipping backward would hang the others)
+            import torch.distributed as tdist
+
+            flag = torch.tensor([0.0 if finite else 1.0], device=total.device)
+            tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+            if finite and flag.item() > 0:
+                raise NonFiniteLossError(f"the loss is not finite on another learner rank at update {self.updates} "
+                                         "(that rank's error names the cause); training stopped on every rank")
+        if finite:
             return
         where = f"loss is {total.item()} at update {self.updates}"
         if b is not None:  # name the source: data from the environment, or the learning itself

@@ -28,14 +28,9 @@ class ObsNorm(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
-        """Fold a batch [..., *shape] into the statistics; with several learner processes, the batch of all of
-        them (its moments summed across ranks), so every replica keeps the same statistics."""
-        from . import distributed
-
+        """Fold a batch [..., *shape] into the statistics."""
         x = x.reshape(-1, *self.mean.shape).float()
-        if distributed.world_size() > 1:
-            self.fold(*distributed.global_moments(x))
-        elif x.shape[0]:
+        if x.shape[0]:
             self.fold(x.shape[0], x.mean(0), x.var(0, unbiased=False))
 
     @torch.no_grad()

@@ -106,6 +106,7 @@ class Session:
         self.ranks = None  # learner ranks 1..N-1 (ddp_runner.Ranks) where learner.data_parallel=ddp
         self.rank_shares: dict[int, RoleShares] = {}  # each learner rank's roles, after warm-up
         self.rank_batch_sizes: dict[int, Counter] = {}  # ranks 1..N-1's inference batch sizes
+        self.rank_actor_faults: dict[int, dict] = {}  # ranks 1..N-1's actor restarts and lost actor-seconds
         self.sampler = None
         if tc.hardware_interval_s > 0:
             self.sampler = HardwareSampler(tc.hardware_interval_s, PowerModel(
@@ -260,9 +261,12 @@ class Session:
         for r in range(self.cfg.learner.devices):
             b = sizes.get(r, Counter())
             n = sum(b.values())
+            faults = self.rank_actor_faults.get(r) or (
+                {"actor_restarts": self.actor_pool.restarts,
+                 "actor_seconds_lost": self.actor_pool.pending_lost_seconds()} if r == 0 and self.actor_pool else {})
             out[str(r)] = {"stage_shares": self.rank_shares[r].shares() if r in self.rank_shares else {},
                            "inference_batch_mean": sum(k * v for k, v in b.items()) / n if n else None,
-                           "inference_batch_sizes": {str(k): v for k, v in sorted(b.items())}}
+                           "inference_batch_sizes": {str(k): v for k, v in sorted(b.items())}, **faults}
         return out
 
     def transport_bytes_per_step(self) -> int:

@@ -220,8 +220,8 @@ def run_sweep(name: str, base: dict, axes: dict[str, list[str]], steps: int, db_
                cfg.learner.devices, s["device"], s["fps_sustained"], s["sps_sustained"], s["episode_return_last100"],
                s.get("policy_lag_mean"), s.get("cpu_util_mean"), power.get("value"), power.get("source"),
                (s.get("fps_per_watt") or {}).get("value"), s["verdict"], s["verdict_evidence"], stamp,
-               s["run_dir"], started, s["ended"], p.key, rep, json.dumps(s.get("stage_shares") or {}),
-               json.dumps(s.get("learner_ranks") or {}))
+               s["run_dir"], started, s["ended"], p.key, rep, json.dumps(s.get("stage_shares") or {}, allow_nan=False),
+               json.dumps(s.get("learner_ranks") or {}, allow_nan=False))
         with db:  # one transaction per finished run: a kill loses at most the run in progress
             db.execute(f"INSERT OR REPLACE INTO points ({', '.join(_COLUMNS)}) VALUES ({','.join('?' * len(row))})",
                        row)
@@ -270,7 +270,8 @@ def combine_repeats(rows: list[dict]) -> list[dict]:
         groups.setdefault(r.get("point_key") or r["key"], []).append(r)
     out = []
     for key, runs in groups.items():
-        ordered = sorted(runs, key=lambda r: r["fps"] or 0.0)
+        measured = [r for r in runs if r["fps"]] or runs  # a run too short to measure FPS says nothing
+        ordered = sorted(measured, key=lambda r: r["fps"] or 0.0)
         mid = ordered[(len(ordered) - 1) // 2]
         fps = [r["fps"] or 0.0 for r in ordered]
         verdicts = [r["verdict"] for r in runs]

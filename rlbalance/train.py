@@ -202,25 +202,31 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
             ranks.stop()
             run.unlock()
             raise
-    learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock,
-                      distributed=ranks is not None)
-    if state is not None:
-        learner.load_state_dict(state)
-        episodes.returns.extend(state.get("episodes_returns", []))
-        episodes.lengths.extend(state.get("episodes_lengths", []))
-        episodes.count = int(state.get("episodes_count", 0))
-        episodes.best_mean = float(state.get("episodes_best_mean", float("nan")))
-        torch.set_rng_state(state["torch_rng"])
-        run.write_config(cfg)  # overrides given on resume are part of the config this session uses
-    if ranks is not None:
-        from .ddp_runner import share_start_state
+    try:
+        learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock,
+                          distributed=ranks is not None)
+        if state is not None:
+            learner.load_state_dict(state)
+            episodes.returns.extend(state.get("episodes_returns", []))
+            episodes.lengths.extend(state.get("episodes_lengths", []))
+            episodes.count = int(state.get("episodes_count", 0))
+            episodes.best_mean = float(state.get("episodes_best_mean", float("nan")))
+            torch.set_rng_state(state["torch_rng"])
+            run.write_config(cfg)  # overrides given on resume are part of the config this session uses
+        if ranks is not None:
+            from .ddp_runner import share_start_state
 
-        share_start_state(learner, learner.state_dict() if state is not None else None)
-    session_index = run.write_meta({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from_steps": learner.steps,
-                    "env_spec": {"obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
-                                 "num_actions": spec.num_actions, "action_space": spec.action.describe(),
-                                 "frames_per_step": spec.frames_per_step}})
-    session = Session(cfg, run, learner, spec, episodes, model_lock, session_index)
+            share_start_state(learner, state)  # (the checkpoint as read, on the CPU)
+        session_index = run.write_meta({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from_steps": learner.steps,
+                        "env_spec": {"obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
+                                     "num_actions": spec.num_actions, "action_space": spec.action.describe(),
+                                     "frames_per_step": spec.frames_per_step}})
+        session = Session(cfg, run, learner, spec, episodes, model_lock, session_index)
+    except BaseException:
+        if ranks is not None:  # they wait in a collective for this process: stop them
+            ranks.stop(timeout_s=5.0)
+        run.unlock()
+        raise
     outcome = "completed"
     restore = _sigterm_as_interrupt()
     try:

@@ -234,3 +234,58 @@ def test_a_straggling_rank_is_named():
     slow = straggling_rank({"0": rank(0.05), "1": rank(0.6), "2": rank(0.1)})
     assert slow["rank"] == 1 and "learner rank 1" in slow["evidence"]
     assert straggling_rank({"0": rank(0.3), "1": rank(0.35)}) is None  # within the gap: nobody holds others back
+
+
+def test_a_non_finite_loss_on_any_rank_stops_every_rank(cfg_factory):
+    """NaN rewards reach the ranks at different updates: the collective check stops every rank at the same step
+    (none left waiting in a collective), with the NaN error, and no new checkpoint over the last good one."""
+    import psutil
+
+    from rlbalance.learner import NonFiniteLossError
+    from rlbalance.rundir import RunDir
+    from rlbalance.train import train
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    cfg = cfg_factory(env={"id": "synthetic", "synthetic_step_us": 20.0, "synthetic_fault": "nan:600"},
+                      learner={"devices": 2}, actors={"num_actors": 2},
+                      run={"total_steps": 10**7, "name": "nan2", "checkpoint_interval_s": 0.3},
+                      telemetry={"tensorboard": False})
+    with pytest.raises(NonFiniteLossError):
+        train(cfg)
+    state = RunDir(f"{cfg.run.out_dir}/nan2").load_checkpoint()
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    import time
+
+    deadline = time.time() + 30
+    while time.time() < deadline and {p.pid for p in psutil.Process().children(recursive=True)} - before:
+        time.sleep(0.5)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not left, [" ".join(p.cmdline())[-80:] for p in left]
+
+
+def test_ctrl_c_on_rank_0_stops_every_rank_with_the_final_report(tmp_path):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "rlbalance", "train", "--env.id", "synthetic", "--env.synthetic_step_us", "20",
+           "--learner.devices", "2", "--actors.num_actors", "2", "--run.out_dir", str(tmp_path), "--run.name", "int",
+           "--run.total_steps", "100000000", "--telemetry.progress", "false", "--telemetry.tensorboard", "false"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = tmp_path / "int" / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group gets it
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    s = json.loads((tmp_path / "int" / "summary.json").read_text())
+    assert s["outcome"] == "interrupted" and set(s["learner_ranks"]) == {"0", "1"}
+    assert "Traceback" not in err, err[-2000:]
