@@ -51,12 +51,19 @@ def test_sweep_shape_knee_where_verdict_flips(tmp_path):
     verdicts = [p["verdict"] for p in curve]
     assert fps[1] > 1.4 * fps[0], curve  # more actor cores, more FPS while actors are the limit
     assert verdicts[0] == "actor-bound" and verdicts[-1] == "learner-bound", curve
-    knee = a["throughput_optimal_R"]
-    assert a["knee_verdict"] == "learner-bound"  # the knee is where the learner saturates ...
-    assert all(p["verdict"] == "actor-bound" for p in curve if p["R"] < knee)  # ... and not before
+    # The knee is where the learner saturates, and not before. Where the last point is still more than 5% above
+    # the one before (noise on a loaded machine), it is at the edge: not reported, with the warning.
+    knee = a["best_R_swept"]
+    assert next(p["verdict"] for p in curve if p["R"] == knee) == "learner-bound", curve
+    assert all(p["verdict"] == "actor-bound" for p in curve if p["R"] < knee)
     page = write_outputs(a, tmp_path / "ratio")
     text = page.read_text()
-    assert f'<b id="knee">{knee:g}</b>' in text and "modeled" in text
+    if a["knee_bracketed"]:
+        assert a["throughput_optimal_R"] == knee and a["knee_verdict"] == "learner-bound"
+        assert f'<b id="knee">{knee:g}</b>' in text
+    else:
+        assert knee == 8 and a["throughput_optimal_R"] is None and "extend the sweep to R &gt; 8" in text
+    assert "modeled" in text
     assert (tmp_path / "ratio" / "ratio.png").stat().st_size > 1000
     assert len((tmp_path / "ratio" / "ratio.csv").read_text().splitlines()) == 4
 
