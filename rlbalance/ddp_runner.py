@@ -185,9 +185,6 @@ class Ranks:
         distributed.init(0, self.world, device_of(self.cfg, 0), port=self.port,
                          timeout_s=collective_timeout_s(self.cfg))
 
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p.pid]
-
     def done(self, session, local: bool) -> bool:
         """Rank 0's side of the per-update agreement: stop when rank 0 or any rank says so; every second (and at
         the stop) gather the other ranks' reports into ``session``."""
