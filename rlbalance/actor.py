@@ -298,7 +298,12 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
                 last_report = now
         link.stats(timer.snapshot(reset=True))  # the last stage times
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt, _Stopped):
-        pass  # the server closed the channel or the learner asked us to stop
+        # the server closed the channel or the learner asked us to stop: the last stage times still go to the
+        # learner, which reads the control pipe after the actors exit (a run shorter than one report has no other)
+        try:
+            link.stats(timer.snapshot(reset=True))
+        except (OSError, EOFError, ValueError):
+            pass  # the learner closed the control pipe or is gone
     finally:
         for e in envs:
             e.close()

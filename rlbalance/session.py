@@ -42,6 +42,14 @@ class RoleShares:
         self.count.setdefault(role, Counter()).update(snap.get("count", {}))
         self.wall[role] += snap["wall_s"]
 
+    def with_roles(self, other: "RoleShares", roles) -> "RoleShares":
+        """A copy of these figures with ``roles`` taken from ``other``."""
+        out = RoleShares()
+        for src, rs in ((self, set(self.seconds) - set(roles)), (other, roles)):
+            for r in rs:
+                out.seconds[r], out.count[r], out.wall[r] = Counter(src.seconds[r]), Counter(src.count[r]), src.wall[r]
+        return out
+
     def mean_ms(self, role: str, stage: str) -> float | None:
         n = self.count.get(role, {}).get(stage, 0)
         return 1000.0 * self.seconds[role][stage] / n if n else None
@@ -225,6 +233,9 @@ class Session:
         hw = self.sampler.summary() if self.sampler is not None else {}
         warm = self.cumulative.wall["learner"] > 0
         cum = self.cumulative if warm else self.cumulative_all
+        missing = set(self.cumulative_all.seconds) - set(cum.seconds)
+        if missing:  # a role that reported only before the warm-up ended (a short run) keeps its whole-run figures
+            cum = cum.with_roles(self.cumulative_all, missing)
         shares = cum.shares()
         machine = {"gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
                    "learner_device": str(self.learner.device)}

@@ -255,3 +255,27 @@ def test_advice_fits_the_machine():
     assert saturated["verdict"] == "actor-bound" and "every core is busy" in saturated["advice"]
     assert "add actor cores" in decide(actor_bound, central=True, hardware={"cpu_util_mean": 0.4},
                                        machine=cpu_only)["advice"]
+
+
+def test_a_run_shorter_than_one_actor_report_still_has_every_roles_stage_shares(cfg_factory):
+    """Actors report their stage times every second and once more when stopped: a run that ends before the first
+    report (and before the warm-up) still has actor, inference and learner shares in its summary."""
+    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 20.0}, actors={"num_actors": 2},
+                          run={"total_steps": 3000, "name": "short"},
+                          telemetry={"tensorboard": False, "warmup_s": 0.2}))
+    tel = json.load(open(f"{s['run_dir']}/telemetry.json"))
+    assert {"actor", "inference", "learner"} <= set(tel["stage_shares"]), tel["stage_shares"]
+    assert tel["stage_shares"]["actor"]["env_step"] > 0
+
+
+def test_role_shares_with_roles_copies_without_sharing_counters():
+    from rlbalance.session import RoleShares
+
+    warm, whole = RoleShares(), RoleShares()
+    whole.add("actor", {"wall_s": 2.0, "seconds": {"env_step": 1.0}, "count": {"env_step": 10}})
+    whole.add("learner", {"wall_s": 2.0, "seconds": {"fwd_bwd": 1.5}, "count": {"fwd_bwd": 3}})
+    warm.add("learner", {"wall_s": 1.0, "seconds": {"fwd_bwd": 0.9}, "count": {"fwd_bwd": 2}})
+    merged = warm.with_roles(whole, {"actor"})
+    assert merged.shares() == {"learner": {"fwd_bwd": 0.9}, "actor": {"env_step": 0.5}}
+    merged.add("actor", {"wall_s": 2.0, "seconds": {"env_step": 1.0}, "count": {"env_step": 10}})
+    assert whole.shares()["actor"] == {"env_step": 0.5}  # the source is untouched
