@@ -172,14 +172,12 @@ class LearnerConfig:
 
     device: str = _f("auto", "Learner device: 'auto' (cuda when available, else cpu), 'cpu' or 'cuda'.")
     devices: int = _f(1, "Learner devices, data parallel (see learner.data_parallel): cuda:0..N-1, or N CPU learners.")
-    data_parallel: str = _f("auto", "How N learner devices share the work. 'ddp': one learner process per device on "
-                            "torch.distributed (gloo on CPUs, NCCL on GPUs), each with its own share of the actors, "
-                            "its own central inference server and batches of learner.batch_size unrolls (B x N "
-                            "summed), gradients all-reduced by DistributedDataParallel. 'threads': one process, "
-                            "each batch split over the devices, gradients averaged on the first, where central "
-                            "inference runs. 'auto': ddp with local actor processes, threads for run.mode=serial "
-                            "and Ray actors.")
-    lr_scaling: str = _f("none", "With data_parallel=ddp over N devices, the learning rate used: 'none' "
+    data_parallel: str = _f("auto", "How N learner devices share the work: 'ddp' (or 'auto', the same), one learner "
+                            "process per device on torch.distributed (gloo on CPUs, NCCL on GPUs), each with its own "
+                            "share of the actors (local processes, Ray actors or serial), its own central inference "
+                            "server and batches of learner.batch_size unrolls (B x N summed), gradients all-reduced "
+                            "by DistributedDataParallel.")
+    lr_scaling: str = _f("none", "With learner.devices=N, the learning rate used: 'none' "
                          "learner.learning_rate as given (the gradient is averaged over a batch N times larger), "
                          "'linear' times N (Goyal et al. 2017), 'sqrt' times sqrt(N).")
     model: str = _f("auto", "'mlp', 'nature_cnn', or 'auto' (CNN for image observations, else MLP).")
@@ -243,8 +241,9 @@ class LearnerConfig:
         _require(self.batch_size % self.minibatches == 0, "learner.minibatches", self.minibatches,
                  f"must divide learner.batch_size={self.batch_size} (equal parts of whole unrolls)")
         _require(0.0 <= self.ppo_clip < 1.0, "learner.ppo_clip", self.ppo_clip, "must be in [0, 1) (0: off)")
-        _require(self.data_parallel in ("auto", "ddp", "threads"), "learner.data_parallel", self.data_parallel,
-                 "'auto', 'ddp' or 'threads'")
+        _require(self.data_parallel in ("auto", "ddp"), "learner.data_parallel", self.data_parallel,
+                 "'auto' or 'ddp'" + (" (the single-process 'threads' learner was removed: one learner process per "
+                                      "device does what it did)" if self.data_parallel == "threads" else ""))
         _require(self.lr_scaling in ("none", "linear", "sqrt"), "learner.lr_scaling", self.lr_scaling,
                  "'none', 'linear' or 'sqrt'")
 
@@ -384,11 +383,11 @@ class Config:
         if self.inference.max_batch:
             _require(self.inference.max_batch >= k, "inference.max_batch", self.inference.max_batch,
                      f"must be 0 or >= actors.envs_per_actor={k} (one actor's envs go in one forward pass)")
-        lrn, n = self.learner, self.learner.devices
-        if n > 1 and self.ddp:
-            _require(self.run.mode == "parallel" and not self.ray.enabled, "learner.data_parallel", lrn.data_parallel,
-                     "'ddp' runs one learner process per device with its own local actor processes: use "
-                     "run.mode=parallel without ray.address, or learner.data_parallel=threads")
+        n = self.learner.devices
+        if n > 1:
+            _require(not (self.ray.enabled and self.ray.address == "local"), "ray.address", self.ray.address,
+                     f"with learner.devices={n} each learner process joins one Ray cluster for its actors: start "
+                     "one (`ray start --head`) and give its address, or use local actor processes (no ray.address)")
             _require(self.actors.num_actors % n == 0, "actors.num_actors", self.actors.num_actors,
                      f"must be a multiple of learner.devices={n}: each learner process serves an equal share of "
                      f"the actors (try {max(n, round(self.actors.num_actors / n) * n)})")
@@ -397,25 +396,11 @@ class Config:
             except ConfigError as e:
                 raise ConfigError(f"per learner process ({self.actors.num_actors // n} of the "
                                   f"{self.actors.num_actors} actors each, learner.devices={n}): {e}") from None
-        if n > 1 and not self.ddp:
-            _require(lrn.lr_scaling == "none", "learner.lr_scaling", lrn.lr_scaling,
-                     "scales the learning rate with the learner processes of learner.data_parallel=ddp; with "
-                     "data_parallel=threads the batch is split, not summed: leave it 'none'")
-            _require(lrn.epochs == 1 and lrn.minibatches == 1, "learner.devices", n,
-                     "with learner.data_parallel=threads several devices take one optimizer step per batch: use "
-                     "learner.epochs=1 and learner.minibatches=1 with it, or data_parallel=ddp")
-            _require(lrn.batch_size % n == 0, "learner.batch_size", lrn.batch_size,
-                     f"must be a multiple of learner.devices={n} (with data_parallel=threads each device trains on "
-                     "an equal shard)")
 
     @property
     def ddp(self) -> bool:
-        """Whether learner.devices > 1 runs one learner process per device (torch.distributed)."""
-        if self.learner.devices == 1:
-            return False
-        if self.learner.data_parallel == "auto":
-            return self.run.mode == "parallel" and not self.ray.enabled
-        return self.learner.data_parallel == "ddp"
+        """Whether this run has several learner processes (learner.devices > 1, on torch.distributed)."""
+        return self.learner.devices > 1
 
     def rank_config(self, rank: int) -> "Config":
         """The config of learner process ``rank`` (data_parallel=ddp): its share of the actors, one device, and

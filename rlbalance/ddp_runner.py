@@ -1,8 +1,9 @@
 """One learner process per device (``learner.data_parallel=ddp``): process code only.
 
 Rank 0 is the process that called ``train``: it keeps the run directory, the metrics, the checkpoints and the
-summary. Ranks 1..N-1 are processes it starts. Every rank runs the parallel runner (``train.run_parallel``) on its
-own share of the actors, with its own unroll buffers and central inference server on its own device, and trains
+summary. Ranks 1..N-1 are processes it starts. Every rank runs the runner of the config (``runner_for``: local actor
+processes, Ray actors on a cluster, or serial) on its own share of the actors, with its own unroll buffers and
+central inference server on its own device, and trains
 through DistributedDataParallel, so all ranks step in lockstep from the same weights. Each iteration the ranks
 agree whether to stop (one small all-reduce: rank 0 decides); about once a second, at an update they agree on, ranks
 1.. send rank 0 their finished episodes, stage times, inference batch sizes and policy lag over the process group
@@ -33,6 +34,18 @@ def collective_timeout_s(cfg: Config) -> float:
     """How long a rank waits at a collective for the others: past the time a rank's hung actor takes to be found
     (actors.heartbeat_timeout_s) and replaced, so an actor restart on one rank does not time the others out."""
     return 4 * cfg.actors.heartbeat_timeout_s + 60.0
+
+
+def runner_for(cfg: Config):
+    """The runner every learner rank runs on its share of the actors: Ray actors (``ray.address``), actors in
+    the learner's own process (``run.mode=serial``) or local actor processes."""
+    if cfg.ray.enabled:
+        from .ray_runner import run_ray
+
+        return run_ray
+    from .train import run_parallel, run_serial
+
+    return run_serial if cfg.run.mode == "serial" else run_parallel
 
 
 class RankDiedError(RuntimeError):
@@ -94,6 +107,8 @@ class RankSession:
         self.gpu_timer = StageTimer()
         self.sampler = None
         self.actor_pool = None
+        self.nodes = None  # (Ray actors: their node reports, passed on to rank 0)
+        self.extra_info: dict = {}
         self.extra_scalars: dict[str, float] = {}
         self.batch_sizes: Counter = Counter()
         self.first_t: float | None = None
@@ -131,6 +146,7 @@ class RankSession:
         pool = self.actor_pool
         msg = {"rank": self.rank, "roles": self._roles, "episodes": self._episodes, "lags": self._lags,
                "warm": self.warm, "batch_sizes": dict(self.batch_sizes),
+               "node_reports": self.nodes.take() if self.nodes is not None else [],
                "actor_restarts": pool.restarts if pool else 0,
                "actor_seconds_lost": pool.pending_lost_seconds() if pool else 0.0}
         self._roles, self._episodes, self._lags = {}, [], []
@@ -146,7 +162,6 @@ def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_ran
 
     from .learner import Learner
     from .model import build_model
-    from .train import run_parallel
 
     # Ctrl-C reaches every process of the terminal: rank 0 alone decides, and the ranks stop at the update it
     # names (as actors ignore it too).
@@ -160,7 +175,12 @@ def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_ran
         learner = Learner(build_model(cfg.learner, spec), cfg.learner, device, cfg.run.total_steps,
                           step_lock=model_lock, distributed=True)
         share_start_state(learner, None)
-        run_parallel(cfg.rank_config(rank), spec, learner, RankSession(cfg, rank, learner, model_lock))
+        session = RankSession(cfg, rank, learner, model_lock)
+        if cfg.ray.enabled:
+            from .ray_runner import NodeReports
+
+            session.nodes = NodeReports()
+        runner_for(cfg)(cfg.rank_config(rank), spec, learner, session)
     finally:
         distributed.close()
 
@@ -171,6 +191,10 @@ class Ranks:
 
     def __init__(self, cfg: Config, spec: EnvSpec, launched: bool = False):
         self.cfg, self.world, self.launched = cfg, cfg.learner.devices, launched
+        if not launched:  # all N on this node: as many CUDA devices must be visible
+            from .model import resolve_devices
+
+            resolve_devices(cfg.learner.device, self.world)
         self.ctx = mp.get_context("spawn")
         self.port = None if launched else distributed.free_port()
         self.procs = [] if launched else [
@@ -210,6 +234,10 @@ class Ranks:
                 session.episodes.add_from_batch(np.array(rets), np.array(lens), np.ones(len(rets), dtype=bool))
             for lag in msg["lags"]:
                 session.note_lag(lag)
+            if session.nodes is not None:  # (a rank's actors are numbered from 0: the run's numbers follow on)
+                share = session.cfg.actors.num_actors // len(reports)
+                for rep in msg.get("node_reports", []):
+                    session.nodes.add({**rep, "actor": r * share + rep["actor"]})
             for role, snaps in msg["roles"].items():
                 for snap in snaps:
                     session.role_snapshot(role, snap, rank=r)
@@ -261,7 +289,6 @@ def run_rank0(cfg: Config, spec: EnvSpec, learner, session, ranks: Ranks) -> Non
     import threading
 
     from .learner import NonFiniteLossError
-    from .train import run_parallel
 
     session.ranks = ranks
     session.extra_info["data_parallel"] = {
@@ -276,7 +303,7 @@ def run_rank0(cfg: Config, spec: EnvSpec, learner, session, ranks: Ranks) -> Non
 
         previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        run_parallel(cfg.rank_config(0), spec, learner, session)
+        runner_for(cfg)(cfg.rank_config(0), spec, learner, session)
     except NonFiniteLossError:
         ranks.stop(timeout_s=10.0)
         raise

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 
 import torch
@@ -44,18 +43,6 @@ class Learner:
 
             self.train_model = DistributedDataParallel(self.model, device_ids=[device] if device.type == "cuda"
                                                        else None, forward_sync_buffers=False)
-        # Data parallel over learner.devices: replicas of the model on the other devices (or CPU replicas),
-        # each trained on an equal shard of the batch; their gradients are averaged into self.model's.
-        from .model import resolve_devices
-
-        threads = cfg.devices > 1 and not distributed
-        self.devices = [device] + resolve_devices(device.type, cfg.devices)[1:] if threads else [device]
-        self.replicas = [copy.deepcopy(self.model).to(d) for d in self.devices[1:]]
-        self._pool = None
-        if self.replicas:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="learner-shard")
         from . import distributed as dist
 
         self.world = dist.world_size() if distributed else 1
@@ -146,8 +133,6 @@ class Learner:
         """One update on a batch already in host memory: ``epochs`` passes, each over ``minibatches`` parts of
         the batch (whole unrolls, shuffled per epoch), one optimizer step each. Returns loss figures (means
         over the steps) and stage times (s)."""
-        if self.replicas:
-            return self._train_parallel(batch)
         cfg = self.cfg
         t0 = time.perf_counter()
         b = self.to_device(batch)
@@ -255,55 +240,12 @@ class Learner:
         out.update(grad_norm=float(grad_norm), lr=lr, time_h2d=h2d, time_fwd_bwd=fwd_bwd, time_optim=optim)
         return out
 
-    def _train_parallel(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Data parallel: shard i of the batch (columns) on device i, gradients averaged on the first."""
-        n = len(self.devices)
-        models = [self.model, *self.replicas]
-        t0 = time.perf_counter()
-        shards = [{k: v.chunk(n, dim=1)[i] for k, v in batch.items() if k != "version"} for i in range(n)]
-        lr = self._set_lr()
-        self._update_obs_norm(batch["obs"].to(self.device))
-        for m in models:
-            m.zero_grad(set_to_none=True)
-
-        def shard(i: int):
-            b = self.to_device(shards[i], self.devices[i])
-            total, stats, _ = self.loss(b, models[i])
-            if torch.isfinite(total):
-                total.backward()
-            return total, stats
-
-        results = list(self._pool.map(shard, range(n)))
-        for i, (total, stats) in enumerate(results):
-            self._check_finite(total, stats, shards[i])
-        t1 = time.perf_counter()
-        with torch.no_grad():
-            for p0, *ps in zip(self.model.parameters(), *[r.parameters() for r in self.replicas]):
-                if p0.grad is None:  # statistics without gradients (observation normalisation)
-                    continue
-                for p in ps:
-                    p0.grad.add_(p.grad.to(p0.device))
-                p0.grad.div_(n)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        with self.step_lock:
-            self.optimizer.step()
-        with torch.no_grad():  # the replicas take the new weights
-            for p0, *ps in zip(self.model.parameters(), *[r.parameters() for r in self.replicas]):
-                for p in ps:
-                    p.copy_(p0, non_blocking=True)
-        out = {k: float(sum(float(r[1][k].item()) for r in results) / n) for k in results[0][1]}
-        t3 = time.perf_counter()
-        # the copies to the devices happen inside each shard's forward/backward
-        return self._count(batch["action"], out, grad_norm, lr, 0.0, t1 - t0, t3 - t1)
-
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "updates": self.updates, "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        for r in self.replicas:
-            r.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
         self.steps = int(state["steps"])

@@ -145,7 +145,8 @@ def build_model(cfg: LearnerConfig, spec: EnvSpec) -> ActorCritic:
 
 
 def resolve_devices(name: str, n: int) -> list[torch.device]:
-    """The learner's devices: n CUDA devices, or n CPU replicas."""
+    """The devices of n learner processes on one node: cuda:0..n-1 (refused, naming the fix, where fewer are
+    visible), or the CPU n times."""
     first = resolve_device(name)
     if n == 1:
         return [first]

@@ -7,7 +7,8 @@ Per env step, in microseconds:
   writes; times the SMT factor when actors use sibling threads) + the message round trip shared by K
   envs + copying the observation to the step slot; actor SPS = actor threads x 1e6 / that;
 - learner side, on one accelerator: training time per step (update time / (B x T)) + inference time
-  per step (forward time / batch) at the batch the actors keep in flight; learner SPS = devices x 1e6 / that.
+  per step (forward time / batch) at the batch that device's share of the actors keeps in flight (one
+  learner process and inference server per device); learner SPS = devices x 1e6 / that.
   On another GPU both scale by its speed relative to the calibrated device: a GPU calibration file where
   there is one, else a roofline estimate (model FLOPs over peak FP32 at a stated efficiency, plus a fixed
   per-call overhead), marked modeled;
@@ -204,7 +205,8 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     per_thread = [env_us * (smt if i < 2 * smt_threads else 1.0) for i in range(actor_threads)]
     actor_sps = sum(1e6 / (c + overhead_us) for c in per_thread)
     actor_cost_us = actor_threads * 1e6 / actor_sps  # thread-microseconds per step
-    in_flight = max(k, min(512, actor_threads * k * max(w.get("env_groups", 1), 1) // 2))
+    # one inference server per learner device, each batching its own share of the actors (learner.devices=N)
+    in_flight = max(k, min(512, actor_threads * k * max(w.get("env_groups", 1), 1) // (2 * max(m.gpus, 1))))
     inf_us = interp(cal["inference_ms"], in_flight) * 1e3 / in_flight
     train_us = interp(cal["train_step_ms"], b) * 1e3 / (b * t)
     if m.gpus:
@@ -245,6 +247,7 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     fps = sps * w["frames_per_step"]
     return {"machine": m.name, "actor_threads": actor_threads, "sps": sps, "fps": fps, "verdict": verdict,
             "actor_sps": actor_sps, "learner_sps": learner_sps, "shared_cores": shared, "gpu_util": gpu_util,
+            "inference_batch_per_device": in_flight,
             "node_power_w": node_w, "fps_per_watt": fps / node_w,
             "cost_per_billion_frames": (m.price_per_hour / (fps * 3600) * 1e9) if m.price_per_hour else None,
             "speed": speed, "source": "modeled"}

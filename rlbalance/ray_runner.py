@@ -502,7 +502,8 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -> N
     if not feeder.central:
         feeder.publish(learner.model, learner.updates)
     session.actor_pool = actors
-    session.nodes = NodeStats()
+    if session.nodes is None:  # (a learner rank past the first keeps NodeReports, sent on to rank 0)
+        session.nodes = NodeStats()
     feeder.start()
     nb = cfg.buffers_per_batch
     try:
@@ -537,6 +538,21 @@ def _placement(ray, actors: RayActorSet) -> list[dict]:
         except Exception as e:  # an actor still restarting or gone
             out.append({"error": type(e).__name__})
     return out
+
+
+class NodeReports:
+    """On learner ranks 1..N-1: the Ray actors' node reports, kept until the next report to rank 0 (whose NodeStats
+    takes them)."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict] = []
+
+    def add(self, rep: dict) -> None:
+        self.reports.append(rep)
+
+    def take(self) -> list[dict]:
+        out, self.reports = self.reports, []
+        return out
 
 
 class NodeStats:

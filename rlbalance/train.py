@@ -230,14 +230,14 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
     outcome = "completed"
     restore = _sigterm_as_interrupt()
     try:
-        if cfg.ray.enabled:
-            from .ray_runner import run_ray
-
-            run_ray(cfg, spec, learner, session)
-        elif ranks is not None:
+        if ranks is not None:  # learner rank 0 (its share of the actors: local, Ray or serial)
             from .ddp_runner import run_rank0
 
             run_rank0(cfg, spec, learner, session, ranks)
+        elif cfg.ray.enabled:
+            from .ray_runner import run_ray
+
+            run_ray(cfg, spec, learner, session)
         else:
             (run_serial if cfg.run.mode == "serial" else run_parallel)(cfg, spec, learner, session)
         if after_run is not None:

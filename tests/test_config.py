@@ -123,8 +123,8 @@ def test_learner_update_options_are_checked():
         C.build({"learner": {"batch_size": 16, "minibatches": 3}})
     with pytest.raises(C.ConfigError, match="learner.ppo_clip"):
         C.build({"learner": {"ppo_clip": 1.5}})
-    with pytest.raises(C.ConfigError, match="learner.devices"):  # one step per batch, split over the devices
-        C.build({"learner": {"devices": 2, "epochs": 2, "data_parallel": "threads"}})
+    with pytest.raises(C.ConfigError, match="learner.data_parallel.*'threads' learner was removed"):
+        C.build({"learner": {"devices": 2, "data_parallel": "threads"}})
     assert C.build({"learner": {"devices": 2, "epochs": 2}}).ddp  # one learner process per device: any epochs
     with pytest.raises(C.ConfigError, match="run.name"):
         C.build({"run": {"name": "../escape"}})

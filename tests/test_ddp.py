@@ -81,14 +81,15 @@ def test_two_gloo_ranks_make_the_one_learner_update():
     assert torch.equal(res[0]["state"]["obs_norm.mean"], res[1]["state"]["obs_norm.mean"])
 
 
-def test_learner_ranks_need_local_actors_and_an_equal_share():
+def test_learner_ranks_need_an_equal_share_of_the_actors_and_a_ray_cluster_they_all_join():
     with pytest.raises(C.ConfigError, match="multiple of learner.devices=2"):
         C.build({"learner": {"devices": 2}, "actors": {"num_actors": 3}})
-    with pytest.raises(C.ConfigError, match="run.mode=parallel"):
-        C.build({"learner": {"devices": 2, "data_parallel": "ddp"}, "run": {"mode": "serial"}})
+    with pytest.raises(C.ConfigError, match="ray.address.*ray start --head"):  # a private Ray per rank: refused
+        C.build({"learner": {"devices": 2}, "ray": {"address": "local"}})
     cfg = C.build({"learner": {"devices": 2}, "actors": {"num_actors": 4}})
     assert cfg.ddp and cfg.rank_config(1).actors.num_actors == 2 and cfg.rank_config(1).run.seed != cfg.run.seed
-    assert not C.build({"learner": {"devices": 2, "epochs": 1, "minibatches": 1}, "run": {"mode": "serial"}}).ddp
+    assert C.build({"learner": {"devices": 2}, "run": {"mode": "serial"}}).ddp  # every runner has learner ranks
+    assert C.build({"learner": {"devices": 2}, "ray": {"address": "127.0.0.1:6379"}}).ddp
 
 
 @pytest.mark.slow

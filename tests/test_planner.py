@@ -63,6 +63,18 @@ def test_two_gpus_double_the_learner_side():
     assert two == pytest.approx(2 * one, rel=1e-6)
 
 
+def test_every_device_serves_inference_to_its_own_share_of_the_actors():
+    """One inference server per learner device: with a forward pass whose cost does not depend on the batch, two
+    devices each batch half the actors' requests, at twice the cost per step, so the learner side gains nothing
+    from the second device while it is inference-bound."""
+    cal = calibration(env_us=1.0, train_ms=1e-4, infer_ms=1.0)
+    cal["inference_ms"] = {"10": 1.0, "1000": 1.0}  # 1 ms per forward pass at any batch
+    one, two = predict(cal, box(gpus=1), 8, speed=SAME), predict(cal, box(gpus=2), 8, speed=SAME)
+    assert one["inference_batch_per_device"] == 80 and two["inference_batch_per_device"] == 40  # 8 x 10 x 2 / 2
+    assert one["verdict"] == two["verdict"] == "inference-bound"
+    assert two["learner_sps"] == pytest.approx(one["learner_sps"], rel=1e-3)
+
+
 def test_cpu_learner_shares_threads():
     cal = calibration(env_us=100.0, train_ms=1.0, infer_ms=0.001)
     p = predict(cal, box(threads=2, gpus=0), actor_threads=2)

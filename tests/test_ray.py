@@ -108,6 +108,24 @@ def test_second_node_killed_mid_run_training_goes_on(cluster, cfg_factory):
     assert ckpts_after, "checkpoints are still there"
 
 
+def test_two_learner_ranks_each_serve_their_own_ray_actors(cluster, cfg_factory):
+    """learner.devices=2 with Ray actors: each learner process joins the cluster and serves its own share of the
+    actors (one each); both ranks train, the summary has each rank's figures, and the per-node CPU figures count
+    every rank's actors under the run's actor numbers."""
+    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 20.0}, ray={"address": cluster.address},
+                          learner={"devices": 2}, actors={"num_actors": 2},
+                          run={"total_steps": 40_000, "name": "ray-ddp"},
+                          telemetry={"tensorboard": False, "warmup_s": 0.5}))
+    assert s["outcome"] == "completed" and s["steps"] >= 40_000
+    tel = json.load(open(os.path.join(s["run_dir"], "telemetry.json")))
+    assert tel["data_parallel"]["kind"] == "ddp" and tel["data_parallel"]["ranks"] == 2
+    assert set(tel["learner_ranks"]) == {"0", "1"}
+    for rank in tel["learner_ranks"].values():
+        assert rank["inference_batch_mean"] > 0 and rank["stage_shares"]["actor"]["env_step"] > 0
+    actors = sorted(a for n in s["nodes"].values() for a in n["actors"])
+    assert actors == [0, 1], s["nodes"]  # rank 1's actor 0 is the run's actor 1
+
+
 HANG_TIMEOUT = 8.0  # short enough for a quick test, long enough that load rarely makes a healthy actor look hung
 
 
