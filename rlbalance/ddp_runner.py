@@ -131,18 +131,18 @@ class RankSession:
         self._roles.setdefault(role, []).append(snap)
 
     def after_update(self, batch: dict, stats: dict) -> None:
+        from .session import update_figures
+
         if self.first_t is None:
             self.first_t = time.perf_counter()
-        end = batch["ep_end"][:-1].numpy()
-        if end.any():
-            self._episodes += list(zip(batch["ep_return"][:-1].numpy()[end].tolist(),
-                                       batch["ep_length"][:-1].numpy()[end].tolist()))
-        self._lags.append(float(self.learner.updates - 1 - batch["version"].float().mean()))
-        for k in ("time_h2d", "time_fwd_bwd", "time_optim"):
-            self.timer.add(k.removeprefix("time_"), stats[k])
+        rets, lens, lag = update_figures(batch, stats, self.learner.updates, self.timer, self.gpu_timer)
+        self._episodes += list(zip(rets.tolist(), lens.tolist()))
+        self._lags.append(lag)
 
     def take_report(self) -> dict:
         self.role_snapshot("learner", self.timer.snapshot(reset=True))
+        if self.gpu_timer.total:  # this rank's GPU busy time (training here; inference from its server)
+            self.role_snapshot("gpu", self.gpu_timer.snapshot(reset=True))
         pool = self.actor_pool
         msg = {"rank": self.rank, "roles": self._roles, "episodes": self._episodes, "lags": self._lags,
                "warm": self.warm, "batch_sizes": dict(self.batch_sizes),

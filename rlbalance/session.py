@@ -58,6 +58,20 @@ class RoleShares:
         return {r: {k: v / max(self.wall[r], 1e-9) for k, v in sec.items()} for r, sec in self.seconds.items()}
 
 
+def update_figures(batch: dict[str, torch.Tensor], stats: dict[str, float], updates: int, timer: StageTimer,
+                   gpu_timer: StageTimer) -> tuple[np.ndarray, np.ndarray, float]:
+    """What one learner update tells a session (rank 0's, or a learner rank's that reports to it): the returns
+    and lengths of the episodes that ended in its batch, its policy lag (updates between the behaviour policy and
+    the one trained); the update's stage times go into ``timer`` and ``gpu_timer``."""
+    end = batch["ep_end"][:-1].numpy()
+    rets, lens = batch["ep_return"][:-1].numpy()[end], batch["ep_length"][:-1].numpy()[end]
+    for k in ("time_h2d", "time_fwd_bwd", "time_optim"):
+        timer.add(k.removeprefix("time_"), stats[k])
+    if "time_gpu_train" in stats:
+        gpu_timer.add("train", stats["time_gpu_train"])
+    return rets, lens, float(updates - 1 - batch["version"].float().mean())
+
+
 STRAGGLER_GAP = 0.15  # a learner rank waiting for its actors' data this much more of its time than the others
 
 
@@ -157,14 +171,10 @@ class Session:
             self.cumulative.add(role, snap)
 
     def after_update(self, batch: dict[str, torch.Tensor], train_stats: dict[str, float]) -> None:
-        self.episodes.add_from_batch(batch["ep_return"][:-1].numpy(), batch["ep_length"][:-1].numpy(),
-                                     batch["ep_end"][:-1].numpy())
-        self.note_lag(float(self.learner.updates - 1 - batch["version"].float().mean()))
+        rets, lens, lag = update_figures(batch, train_stats, self.learner.updates, self.timer, self.gpu_timer)
+        self.episodes.add_from_batch(rets, lens, np.ones(len(rets), dtype=bool))
+        self.note_lag(lag)
         self.last_train = train_stats
-        for k in ("time_h2d", "time_fwd_bwd", "time_optim"):
-            self.timer.add(k.removeprefix("time_"), train_stats[k])
-        if "time_gpu_train" in train_stats:
-            self.gpu_timer.add("train", train_stats["time_gpu_train"])
         self.logger.note_steps(self.learner.steps)
         now = time.perf_counter()
         if now - self.last_log >= self.cfg.telemetry.log_interval_s or (
