@@ -26,8 +26,11 @@ from .timing import StageTimer
 
 
 class Policy(Protocol):
-    def request(self, obs: np.ndarray) -> None:
-        """Ask for actions for observations [K, ...] (may return before they are ready)."""
+    core_in: np.ndarray | None  # a recurrent policy: the core state [K, 2, H] the last answered step started from
+
+    def request(self, obs: np.ndarray, first: np.ndarray) -> None:
+        """Ask for actions for observations [K, ...]; ``first`` [K] bool: which of them start an episode (a
+        recurrent policy resets those envs' state). May return before the actions are ready."""
 
     def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
         """The answer to the last request: (actions [K], logits [K, A], policy version)."""
@@ -40,6 +43,7 @@ class UnrollWriter:
 
     def __init__(self, k: int, obs: np.ndarray):
         self.k, self.obs = k, obs
+        self.first = np.ones(k, dtype=bool)  # obs starts an episode: after a reset, and after done or truncated
         self.buf: UnrollView | None = None
         self.t = 0
         self.steps = 0
@@ -47,10 +51,14 @@ class UnrollWriter:
     def begin(self, buf: UnrollView) -> None:
         self.buf, self.t = buf, 0
 
-    def record_action(self, action: np.ndarray, logits: np.ndarray, version: int) -> None:
+    def record_action(self, action: np.ndarray, logits: np.ndarray, version: int,
+                      core_in: np.ndarray | None = None) -> None:
+        """``core_in``: a recurrent policy's state [K, 2, H] this step started from (kept for row 0)."""
         buf, t = self.buf, self.t
         if t == 0:
             buf.version[...] = version
+            if core_in is not None:
+                buf.core[...] = core_in
         buf.obs[t] = self.obs
         buf.action[t] = action
         buf.logits[t] = logits
@@ -68,6 +76,7 @@ class UnrollWriter:
         buf.ep_return[t] = r.ep_return
         buf.ep_length[t] = r.ep_length
         self.obs = r.obs
+        self.first = r.done | r.truncated  # (the learner resets a recurrent core by the same rule)
         self.t += 1
         self.steps += self.k
         complete = self.t == buf.action.shape[0] - 1
@@ -87,18 +96,18 @@ class Rollout(UnrollWriter):
         with self.timer.stage("reset"):
             obs = envs.reset()
         super().__init__(envs.k, obs)
-        policy.request(self.obs)
+        policy.request(self.obs, self.first)
 
     def step(self) -> bool:
         """Take one step of all K envs into the buffer; True when the buffer is complete."""
         timer = self.timer
         with timer.stage("wait_action"):
             action, logits, version = self.policy.receive()
-        self.record_action(action, logits, version)
+        self.record_action(action, logits, version, self.policy.core_in)
         with timer.stage("env_step"):
             r = self.envs.step(action)
         complete = self.record_step(r, self.envs.final_obs)
-        self.policy.request(self.obs)
+        self.policy.request(self.obs, self.first)
         return complete
 
     def fill(self, buf: UnrollView) -> None:
@@ -117,9 +126,12 @@ class CentralClient:
         self.action = slots.action[client_id].numpy()
         self.logits = slots.logits[client_id].numpy()
         self.version = slots.version[client_id : client_id + 1].numpy()
+        self.first = slots.first[client_id].numpy()
+        self.core_in = slots.core_in[client_id].numpy() if slots.core_in.shape[-1] else None
 
-    def request(self, obs: np.ndarray) -> None:
+    def request(self, obs: np.ndarray, first: np.ndarray) -> None:
         self.obs[...] = obs
+        self.first[...] = first
         self.conn.send_bytes(b"r")
 
     def receive(self):
@@ -128,14 +140,21 @@ class CentralClient:
 
 
 class DirectPolicy:
-    """A policy evaluated at request time in this process (serial runner, actor-side inference)."""
+    """A policy evaluated at request time in this process (serial runner, actor-side inference). ``act(obs)`` ->
+    (actions, logits); a recurrent one (``state``: its envs' core states) ``act(obs, first, state)`` -> (actions,
+    logits, the state the step started from, the state after it)."""
 
-    def __init__(self, act, version_fn):
-        self.act, self.version_fn = act, version_fn
+    def __init__(self, act, version_fn, state: torch.Tensor | None = None):
+        self.act, self.version_fn, self.state = act, version_fn, state
         self.answer = None
+        self.core_in = None
 
-    def request(self, obs: np.ndarray) -> None:
-        actions, logits = self.act(obs)
+    def request(self, obs: np.ndarray, first: np.ndarray) -> None:
+        if self.state is None:
+            actions, logits = self.act(obs)
+        else:
+            actions, logits, core_in, self.state = self.act(obs, first, self.state)
+            self.core_in = core_in.cpu().numpy()
         self.answer = (actions, logits, self.version_fn())
 
     def receive(self):
@@ -151,13 +170,25 @@ class LocalModel:
         self.generator = torch.Generator().manual_seed(seed)
         self.version = weights.load_into(model)
 
-    def act(self, obs: np.ndarray):
+    def _sync(self) -> None:
         if int(self.weights.version[0]) - self.version >= self.sync_every:
             self.version = self.weights.load_into(self.model)
+
+    def act(self, obs: np.ndarray):
+        self._sync()
         actions, logits = self.model.act(torch.from_numpy(obs), self.generator)
         return actions.numpy(), logits.numpy()
 
-    def policy(self) -> DirectPolicy:
+    def act_recurrent(self, obs: np.ndarray, first: np.ndarray, state: torch.Tensor):
+        self._sync()
+        actions, logits, core_in, state = self.model.act_recurrent(torch.from_numpy(obs), state,
+                                                                   torch.from_numpy(first), self.generator)
+        return actions.numpy(), logits.numpy(), core_in, state
+
+    def policy(self, k: int) -> DirectPolicy:
+        """The policy of one env group of ``k`` envs (a recurrent model: with their own core states)."""
+        if getattr(self.model, "recurrent", False):
+            return DirectPolicy(self.act_recurrent, lambda: self.version, self.model.initial_state(k))
         return DirectPolicy(self.act, lambda: self.version)
 
 
@@ -278,7 +309,7 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
 
             model = build_model(cfg.learner, envs[0].spec)
             local = LocalModel(model, sh.weights, cfg.inference.sync_every, client_seed(cfg, clients[0]))
-            policies = [local.policy() for _ in clients]
+            policies = [local.policy(cfg.actors.envs_per_actor) for _ in clients]
         rollouts = [Rollout(e, p, timer) for e, p in zip(envs, policies)]
         owned = [link.take(timer) for _ in rollouts]
         for r, idx in zip(rollouts, owned):

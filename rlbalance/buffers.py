@@ -39,9 +39,10 @@ class RolloutBuffers:
     ep_return: torch.Tensor  # [n, T+1, K] float32: that game's return where ep_end
     ep_length: torch.Tensor  # [n, T+1, K] int64: that game's length where ep_end
     version: torch.Tensor   # [n] int64: policy version (learner updates) that started the unroll
+    core: torch.Tensor      # [n, K, S] float32: a recurrent policy's state at row 0 (S = 0: feed-forward)
 
     @classmethod
-    def allocate(cls, n: int, t: int, k: int, spec: EnvSpec, shared: bool) -> "RolloutBuffers":
+    def allocate(cls, n: int, t: int, k: int, spec: EnvSpec, shared: bool, core_size: int = 0) -> "RolloutBuffers":
         def z(shape, dtype):
             x = torch.zeros(shape, dtype=dtype)
             return x.share_memory_() if shared else x
@@ -58,6 +59,7 @@ class RolloutBuffers:
             ep_return=z((n, t + 1, k), torch.float32),
             ep_length=z((n, t + 1, k), torch.int64),
             version=z((n,), torch.int64),
+            core=z((n, k, core_size), torch.float32),
         )
 
     def view(self, i: int) -> "UnrollView":
@@ -68,12 +70,14 @@ class RolloutBuffers:
         """Copy buffers ``idx`` into one time-major batch [T+1, len(idx)*K, ...]."""
         out = {}
         for f in fields(self):
-            if f.name == "version":
+            if f.name in ("version", "core"):
                 continue
             x = getattr(self, f.name)[idx]  # [b, T+1, K, ...] (a copy)
             x = x.transpose(0, 1)
             out[f.name] = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
         out["version"] = self.version[idx].clone()
+        core = self.core[idx]  # [b, K, S]: columns in the order of the time-major rows above
+        out["core"] = core.reshape(core.shape[0] * core.shape[1], *core.shape[2:])
         return out
 
 
@@ -90,19 +94,23 @@ class UnrollView:
     ep_return: np.ndarray
     ep_length: np.ndarray
     version: np.ndarray  # 0-d
+    core: np.ndarray     # [K, S]
 
 
 @dataclass
 class StepSlots:
-    """Per-actor slots for central inference: the actor writes obs, the server writes actions."""
+    """Per-client slots for central inference: the actor writes obs (and, for a recurrent policy, which envs start
+    an episode), the server writes actions (and the core state each env's step started from)."""
 
     obs: torch.Tensor      # [num_actors, K, *obs_shape]
     action: torch.Tensor   # [num_actors, K, *action store shape]
     logits: torch.Tensor   # [num_actors, K, P]
     version: torch.Tensor  # [num_actors] int64
+    first: torch.Tensor    # [num_actors, K] bool: obs starts an episode
+    core_in: torch.Tensor  # [num_actors, K, S] float32 (S = 0: feed-forward)
 
     @classmethod
-    def allocate(cls, num_actors: int, k: int, spec: EnvSpec, shared: bool) -> "StepSlots":
+    def allocate(cls, num_actors: int, k: int, spec: EnvSpec, shared: bool, core_size: int = 0) -> "StepSlots":
         def z(shape, dtype):
             x = torch.zeros(shape, dtype=dtype)
             return x.share_memory_() if shared else x
@@ -110,7 +118,8 @@ class StepSlots:
         return cls(obs=z((num_actors, k, *spec.obs_shape), torch_dtype(spec.obs_dtype)),
                    action=z((num_actors, k, *spec.action.store_shape), spec.action.torch_dtype),
                    logits=z((num_actors, k, spec.num_actions), torch.float32),
-                   version=z((num_actors,), torch.int64))
+                   version=z((num_actors,), torch.int64), first=z((num_actors, k), torch.bool),
+                   core_in=z((num_actors, k, core_size), torch.float32))
 
 
 @dataclass

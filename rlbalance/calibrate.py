@@ -35,7 +35,7 @@ from . import config as C
 from .buffers import RolloutBuffers
 from .envs import EnvBatch, probe_spec
 from .learner import Learner
-from .model import build_model, resolve_device, resolve_model
+from .model import build_model, core_state_size, resolve_device, resolve_model
 
 
 def _median_time(fn, reps: int, min_s: float = 0.2) -> float:
@@ -71,7 +71,9 @@ class _ConstantPolicy:
         zeros = np.zeros((k, *action.store_shape), dtype=np.float32 if action.kind == "box" else np.int64)
         self.answer = (zeros, np.zeros((k, spec.num_actions), dtype=np.float32), 0)
 
-    def request(self, obs) -> None:
+    core_in = None
+
+    def request(self, obs, first) -> None:
         pass
 
     def receive(self):
@@ -218,7 +220,8 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     for b in ([8, 16] if quick or cfg.env.is_atari else [8, 16, 32, 64]):
         c2 = replace(cfg, actors=replace(cfg.actors, envs_per_actor=b), learner=replace(cfg.learner, batch_size=b))
         learner = Learner(build_model(c2.learner, spec), c2.learner, device, total_steps=10**12)
-        bufs = RolloutBuffers.allocate(1, c2.learner.unroll_length, b, spec, shared=False)
+        bufs = RolloutBuffers.allocate(1, c2.learner.unroll_length, b, spec, shared=False,
+                                       core_size=core_state_size(c2.learner, spec))
         bufs.obs[:] = one
         batch = bufs.gather([0])
         training[str(b)] = _median_time(lambda: learner.train(batch), reps=3, min_s=0.3) * 1e3

@@ -182,6 +182,11 @@ class LearnerConfig:
                          "'linear' times N (Goyal et al. 2017), 'sqrt' times sqrt(N).")
     model: str = _f("auto", "'mlp', 'nature_cnn', or 'auto' (CNN for image observations, else MLP).")
     hidden_sizes: tuple[int, ...] = _f((64, 64), "MLP hidden layer sizes.")
+    core: str = _f("none", "'lstm': a recurrent core (an LSTM cell of learner.core_size) between the torso (MLP or "
+                   "Nature CNN) and the heads, for partially observed tasks; each env's state lives with its "
+                   "policy (the central inference server, or the actor), is reset at episode ends, and each unroll "
+                   "records the state it started from, which the learner trains from. 'none': feed-forward.")
+    core_size: int = _f(128, "Units of the LSTM core (learner.core=lstm).")
     unroll_length: int = _f(20, "Unroll length T (steps per trajectory).")
     batch_size: int = _f(16, "Unrolls (single-env trajectories) per learner batch, B; a multiple of "
                          "actors.envs_per_actor.")
@@ -213,6 +218,11 @@ class LearnerConfig:
                                       "(updated from each batch, clipped to +/-10, saved in checkpoints); MLP only.")
     torch_threads: int = _f(1, "torch intra-op threads in the learner process.")
 
+    @property
+    def core_units(self) -> int:
+        """The recurrent core's units (0: feed-forward), the last size of every stored core state."""
+        return self.core_size if self.core == "lstm" else 0
+
     def __post_init__(self) -> None:
         _require(self.device in DEVICES, "learner.device", self.device, f"one of {DEVICES}")
         _require(self.model in MODELS, "learner.model", self.model, f"one of {MODELS}")
@@ -241,6 +251,8 @@ class LearnerConfig:
         _require(self.batch_size % self.minibatches == 0, "learner.minibatches", self.minibatches,
                  f"must divide learner.batch_size={self.batch_size} (equal parts of whole unrolls)")
         _require(0.0 <= self.ppo_clip < 1.0, "learner.ppo_clip", self.ppo_clip, "must be in [0, 1) (0: off)")
+        _require(self.core in ("none", "lstm"), "learner.core", self.core, "'none' or 'lstm'")
+        _require(self.core_size >= 1, "learner.core_size", self.core_size, "must be >= 1")
         _require(self.data_parallel in ("auto", "ddp"), "learner.data_parallel", self.data_parallel,
                  "'auto' or 'ddp'" + (" (the single-process 'threads' learner was removed: one learner process per "
                                       "device does what it did)" if self.data_parallel == "threads" else ""))
@@ -383,6 +395,10 @@ class Config:
         if self.inference.max_batch:
             _require(self.inference.max_batch >= k, "inference.max_batch", self.inference.max_batch,
                      f"must be 0 or >= actors.envs_per_actor={k} (one actor's envs go in one forward pass)")
+        if self.learner.core != "none":
+            _require(not self.ray.enabled, "learner.core", self.learner.core,
+                     "recurrent policies run with local actor processes or run.mode=serial (Ray actors do not carry "
+                     "core states yet): drop ray.address, or use learner.core=none")
         n = self.learner.devices
         if n > 1:
             _require(not (self.ray.enabled and self.ray.address == "local"), "ray.address", self.ray.address,

@@ -260,8 +260,10 @@ def _check_id(cfg: EnvConfig) -> None:
     if cfg.is_atari:
         _register_ale()
     from .pixel_envs import register
+    from .toy_envs import register as register_toys
 
     register()
+    register_toys()
     if env_id not in gym.registry:
         close = [k for k in gym.registry if env_id.lower().split("-")[0].split("/")[-1] in k.lower()][:5]
         hint = f" (did you mean one of {close}?)" if close else ""

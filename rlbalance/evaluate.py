@@ -19,7 +19,7 @@ import torch
 from .actor import client_seed
 from .config import ConfigError, EnvConfig
 from .envs import EnvBatch, probe_spec
-from .model import build_model, resolve_device
+from .model import build_model, policy_actions, resolve_device
 from .rundir import RunDir, atomic_write_json
 
 # Eval envs are seeded away from the run's training envs, which take client_seed(cfg, c) + 0..K-1 (+ 7919 per restart).
@@ -57,18 +57,15 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     lengths: list[list[int]] = [[] for _ in range(num_envs)]
     bar = _bar(per_env * num_envs, progress)
     obs = envs.reset()
+    core = model.initial_state(num_envs, dev) if model.recurrent else None
+    first = torch.ones(num_envs, dtype=torch.bool, device=dev)
     steps, t0 = 0, time.perf_counter()
     try:
         while any(len(r) < per_env for r in returns) and steps < max_steps:
-            with torch.inference_mode():
-                x = torch.from_numpy(obs).to(dev)
-                if greedy:
-                    params, _ = model(x)
-                    actions = model.action.mode(params)
-                else:
-                    actions, _ = model.act(x, gen)
+            actions, core = policy_actions(model, torch.from_numpy(obs).to(dev), gen, greedy, core, first)
             r = envs.step(actions.cpu().numpy())
             obs = r.obs
+            first = torch.from_numpy(r.done | r.truncated).to(dev)
             steps += num_envs
             for i in np.flatnonzero(r.game_over):
                 if len(returns[i]) < per_env:
@@ -158,18 +155,16 @@ def record_video(run_dir: str | Path, out: str | Path | None = None, greedy: boo
         env.close()
         raise ConfigError(f"--video: OpenCV cannot write MP4 to {path}")
     frames, ret, steps, over = 0, 0.0, 0, False
+    core = model.initial_state(1, dev) if model.recurrent else None
+    first = torch.ones(1, dtype=torch.bool, device=dev)
     try:
         writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
         frames += 1
         while not over and steps < max_steps:
-            with torch.inference_mode():
-                x = torch.as_tensor(np.asarray(obs, dtype=spec.obs_dtype)[None]).to(dev)
-                if greedy:
-                    params, _ = model(x)
-                    a = model.action.mode(params)
-                else:
-                    a, _ = model.act(x, gen)
+            x = torch.as_tensor(np.asarray(obs, dtype=spec.obs_dtype)[None]).to(dev)
+            a, core = policy_actions(model, x, gen, greedy, core, first)
             obs, r, term, trunc, info = env.step(model.action.to_env(a[0].cpu().numpy()))
+            first[0] = bool(term) or bool(trunc)
             ret += float(r)
             steps += 1
             over = bool(trunc) or (bool(term) and info.get("game_over", True))

@@ -36,6 +36,12 @@ class InferenceServer(threading.Thread):
         if device.type == "cuda":
             self.pinned = torch.empty_like(slots.obs).pin_memory()
             self._ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        # A recurrent policy's core state for every env of every client, kept on the learner device (as SEED
+        # does); an env's state is reset where its actor flags the observation as an episode's first.
+        self.state = None
+        if getattr(model, "recurrent", False):
+            with torch.inference_mode():
+                self.state = model.initial_state(len(conns) * self.k, device).view(len(conns), self.k, -1)
         self._conn_index = {id(c): i for i, c in enumerate(conns)}
         self._lock = threading.Lock()
         self._dead: set[int] = set()  # clients whose channel closed (a dead actor) until replaced
@@ -123,7 +129,11 @@ class InferenceServer(threading.Thread):
             with timer.stage("forward"), self.model_lock:
                 if self.pinned is not None:
                     self._ev[0].record()
-                actions, logits = self.model.act(obs, self.generator)
+                if self.state is None:
+                    actions, logits = self.model.act(obs, self.generator)
+                else:
+                    core_in = self._recurrent_step(idx, obs)
+                    actions, logits = self._answer
                 if self.pinned is not None:
                     self._ev[1].record()
                 version = self.version_fn()
@@ -131,6 +141,8 @@ class InferenceServer(threading.Thread):
                 slots.action[idx] = actions.view(len(ids), self.k, *actions.shape[1:]).cpu()  # synchronises the stream
                 slots.logits[idx] = logits.view(len(ids), self.k, -1).float().cpu()
                 slots.version[idx] = version
+                if self.state is not None:
+                    slots.core_in[idx] = core_in.view(len(ids), self.k, *core_in.shape[1:]).cpu()
             if self.pinned is not None:
                 self.gpu_busy_s += self._ev[0].elapsed_time(self._ev[1]) / 1000.0
             for i, c in zip(ids, targets):
@@ -143,6 +155,19 @@ class InferenceServer(threading.Thread):
                     with self._lock:
                         self._dead.add(i)
             self.batch_sizes.append(len(ids) * self.k)
+
+    def _recurrent_step(self, idx: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """One step of a recurrent policy for clients ``idx``: their envs' states (reset where the actor flagged an
+        episode's first observation) in, the new states stored; returns the states the step started from (the
+        actor records them at the start of each unroll). The actions and logits are left in ``_answer``."""
+        with torch.inference_mode():
+            dev_idx = idx.to(self.device)
+            first = self.slots.first[idx].reshape(-1).to(self.device)
+            state = self.state[dev_idx].reshape(len(idx) * self.k, -1)
+            actions, logits, core_in, state_out = self.model.act_recurrent(obs, state, first, self.generator)
+            self.state[dev_idx] = state_out.view(len(idx), self.k, -1)
+        self._answer = (actions, logits)
+        return core_in
 
     def stop(self) -> None:
         self.stop_event.set()

@@ -79,16 +79,22 @@ class Learner:
         model = model or self.train_model
         t1, n = b["action"].shape[:2]
         t = t1 - 1
-        logits, values = model(b["obs"].reshape(t1 * n, *b["obs"].shape[2:]))
-        logits = logits.reshape(t1, n, -1)
-        values = values.reshape(t1, n)
+        states = None
+        if self.model.recurrent:  # the core over each unroll from the state the actor recorded at its row 0
+            first = torch.zeros_like(b["done"])
+            first[1:] = b["done"][:-1] | b["truncated"][:-1]  # (the rule the actors reset their states by)
+            logits, values, states = model(b["obs"], b["core"], first)
+        else:
+            logits, values = model(b["obs"].reshape(t1 * n, *b["obs"].shape[2:]))
+            logits = logits.reshape(t1, n, -1)
+            values = values.reshape(t1, n)
         dist = self.action
         actions = b["action"][:t]
         target_logp = dist.log_prob(logits[:t], actions)
         behaviour_logp = dist.log_prob(b["logits"][:t].float(), actions)
         if targets is None:  # (no gradients there: the module itself, not its DDP wrapper)
             targets = self._targets(b, getattr(model, "module", model), target_logp.detach() - behaviour_logp,
-                                    values.detach())
+                                    values.detach(), None if states is None else states.detach())
         vs, adv = targets
         if cfg.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -104,13 +110,17 @@ class Learner:
         baseline_loss = 0.5 * ((vs - values[:t]) ** 2).mean()
         entropy = dist.entropy(logits[:t]).mean()
         total = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
-        stats.update(pg_loss=pg_loss, baseline_loss=baseline_loss, entropy=entropy, total_loss=total)
+        # |log pi/mu| per step: how far the policy trained is from the one that acted (policy lag; 0 when they are
+        # the same weights, which checks that the learner sees what the actors saw, recurrent states included)
+        stats.update(pg_loss=pg_loss, baseline_loss=baseline_loss, entropy=entropy, total_loss=total,
+                     log_rho_abs=(target_logp - behaviour_logp).detach().abs().mean())
         return total, stats, targets
 
     @torch.no_grad()
     def _targets(self, b: dict[str, torch.Tensor], model: torch.nn.Module, log_rhos: torch.Tensor,
-                 values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """V-trace value targets and policy-gradient advantages for unrolls ``b``, [T, n] each."""
+                 values: torch.Tensor, states: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """V-trace value targets and policy-gradient advantages for unrolls ``b``, [T, n] each. ``states``: a
+        recurrent model's core state after each row (a time limit's last observation follows it)."""
         cfg = self.cfg
         t = values.shape[0] - 1
         rewards = b["reward"][:t].float()
@@ -122,7 +132,10 @@ class Learner:
         truncated = b["truncated"][:t]
         if truncated.any():
             # A time limit is not a terminal state: bootstrap from the value of the last observation.
-            _, v_final = model(b["final_obs"][:t][truncated])
+            if states is None:
+                _, v_final = model(b["final_obs"][:t][truncated])
+            else:
+                v_final = model.values_after(b["final_obs"][:t][truncated], states[:t][truncated])
             rewards = rewards.clone()
             rewards[truncated] += cfg.discount * v_final
         vt = vtrace(log_rhos, discounts, rewards, values[:t], values[t], cfg.clip_rho, cfg.clip_c,
@@ -151,7 +164,8 @@ class Learner:
             order = torch.arange(n) if epoch == 0 else torch.randperm(n)
             for cols in order.chunk(m):
                 ta = time.perf_counter()
-                mb = b if m == 1 else {k: v[:, cols.to(v.device)] for k, v in b.items() if k != "version"}
+                mb = b if m == 1 else {k: v[cols.to(v.device)] if k == "core" else v[:, cols.to(v.device)]
+                                       for k, v in b.items() if k != "version"}
                 targets = None if epoch == 0 else (vs[:, cols], adv[:, cols])
                 total, stats, (mvs, madv) = self.loss(mb, targets=targets)
                 if epoch == 0 and cfg.epochs > 1:

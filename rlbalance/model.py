@@ -53,15 +53,24 @@ class ActorCritic(nn.Module):
     [mean, log_std] for a Box (the log-std a state-independent parameter)."""
 
     def __init__(self, torso: nn.Module, torso_out: int, num_actions: int | ActionSpec,
-                 value_torso: nn.Module | None = None, obs_norm: ObsNorm | None = None):
+                 value_torso: nn.Module | None = None, obs_norm: ObsNorm | None = None, core_size: int = 0):
         super().__init__()
         self.action = num_actions if isinstance(num_actions, ActionSpec) else ActionSpec.discrete(num_actions)
         self.torso = torso
         # A separate value torso (MLP default) keeps the large value-loss gradients out of the policy's features.
         self.value_torso = value_torso
         self.obs_norm = obs_norm
-        self.policy = nn.Linear(torso_out, self.action.head_size)
-        self.baseline = nn.Linear(torso_out, 1)
+        # A recurrent core (learner.core=lstm) between the torso and the heads. With a separate value torso (the
+        # MLP) the value has its own core too (as Stable-Baselines3's recurrent PPO keeps separate actor and critic
+        # LSTMs); the Nature CNN's heads share one. An env's state is one flat row [h, c (, h_v, c_v)], carried by
+        # whoever evaluates the policy (the inference server, an actor) and recorded at the start of each unroll.
+        self.core = nn.LSTMCell(torso_out, core_size) if core_size else None
+        self.value_core = nn.LSTMCell(torso_out, core_size) if core_size and value_torso is not None else None
+        self.core_size = core_size
+        self.state_size = core_size * (4 if self.value_core is not None else 2)
+        head_in = core_size or torso_out
+        self.policy = nn.Linear(head_in, self.action.head_size)
+        self.baseline = nn.Linear(head_in, 1)
         self.log_std = nn.Parameter(torch.zeros(self.action.dim)) if self.action.kind == "box" else None
         nn.init.orthogonal_(self.policy.weight, 0.01)
         nn.init.zeros_(self.policy.bias)
@@ -82,7 +91,11 @@ class ActorCritic(nn.Module):
             out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
         return out
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, obs: torch.Tensor, state0: torch.Tensor | None = None, first: torch.Tensor | None = None):
+        """(policy parameters [N, P], values [N]) of observations [N, ...]; a recurrent model takes unrolls
+        instead, see ``forward_sequence`` (the learner calls it through here, so DistributedDataParallel sees it)."""
+        if self.core is not None:
+            return self.forward_sequence(obs, state0, first)
         x = self._prep(obs)
         h = self.torso(x)
         hv = h if self.value_torso is None else self.value_torso(x)
@@ -91,9 +104,97 @@ class ActorCritic(nn.Module):
     @torch.inference_mode()
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample actions; returns (actions [N] or [N, dim], policy parameters [N, P]). The value head is not
-        evaluated."""
+        evaluated. A recurrent model acts from the state at an episode's start (its stepping is ``act_recurrent``)."""
+        if self.core is not None:
+            first = torch.ones(obs.shape[0], dtype=torch.bool, device=obs.device)
+            actions, params, _, _ = self.act_recurrent(obs, self.initial_state(obs.shape[0], obs.device), first,
+                                                       generator)
+            return actions, params
         params = self._params(self.torso(self._prep(obs)))
         return self.action.sample(params, generator), params
+
+    @property
+    def recurrent(self) -> bool:
+        return self.core is not None
+
+    def initial_state(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The core state of ``n`` envs at the start of an episode: zeros [n, state_size]."""
+        return torch.zeros(n, self.state_size, device=device)
+
+    def _step(self, core: nn.LSTMCell, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One LSTM step; ``state`` [N, 2H] (h, c): returns (h, the new [N, 2H])."""
+        h, c = core(x, (state[:, :self.core_size], state[:, self.core_size:]))
+        return h, torch.cat([h, c], dim=1)
+
+    def _policy_step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's features and the next state, for observations [N, ...] after states [N, state_size]."""
+        x = self._prep(obs)
+        h, pol = self._step(self.core, self.torso(x), state[:, :2 * self.core_size])
+        if self.value_core is None:
+            return h, pol
+        _, val = self._step(self.value_core, self.value_torso(x), state[:, 2 * self.core_size:])
+        return h, torch.cat([pol, val], dim=1)
+
+    @torch.inference_mode()
+    def act_recurrent(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor,
+                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor]:
+        """One step of a recurrent policy for N envs: ``state`` [N, state_size] their core states after the last
+        step, ``first`` [N] bool whether ``obs`` starts an episode (the state is reset to zeros there). Returns
+        (actions, policy parameters, the state this step started from (after the reset), the state after it)."""
+        state_in = state * (~first).to(state.dtype).view(-1, 1)
+        h, state_out = self._policy_step(obs, state_in)
+        params = self._params(h)
+        return self.action.sample(params, generator), params, state_in, state_out
+
+    def forward_sequence(self, obs: torch.Tensor, state0: torch.Tensor, first: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A recurrent model over unrolls: ``obs`` [T1, N, ...], ``state0`` [N, state_size] the state row 0 started
+        from (as the actor recorded it), ``first`` [T1, N] bool whether row t starts an episode (row 0's is
+        ignored: ``state0`` is already reset). Returns policy parameters [T1, N, P], values [T1, N] and the state
+        after each row [T1, N, state_size] (before any reset of the next)."""
+        t1, n = obs.shape[:2]
+        x = self._prep(obs.reshape(t1 * n, *obs.shape[2:]))
+        xp = self.torso(x).reshape(t1, n, -1)
+        xv = self.value_torso(x).reshape(t1, n, -1) if self.value_core is not None else None
+        keep = (~first).to(state0.dtype)
+        two = 2 * self.core_size
+        state, hp, hv, states = state0, [], [], []
+        for t in range(t1):
+            if t:
+                state = state * keep[t].view(-1, 1)
+            h, pol = self._step(self.core, xp[t], state[:, :two])
+            hp.append(h)
+            if xv is not None:
+                h, val = self._step(self.value_core, xv[t], state[:, two:])
+                pol = torch.cat([pol, val], dim=1)
+            hv.append(h)
+            state = pol
+            states.append(state)
+        return self._params(torch.stack(hp)), self.baseline(torch.stack(hv)).squeeze(-1), torch.stack(states)
+
+    def values_after(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Values [N] of observations that follow the core states ``state`` [N, state_size] (a recurrent model's
+        bootstrap from a time limit's last observation)."""
+        x = self._prep(obs)
+        if self.value_core is None:
+            h, _ = self._step(self.core, self.torso(x), state)
+        else:
+            h, _ = self._step(self.value_core, self.value_torso(x), state[:, 2 * self.core_size:])
+        return self.baseline(h).squeeze(-1)
+
+
+@torch.inference_mode()
+def policy_actions(model: ActorCritic, x: torch.Tensor, generator: torch.Generator | None, greedy: bool,
+                   state: torch.Tensor | None = None, first: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Actions for observations ``x`` (greedy: the distribution's mode), as evaluation plays them; a recurrent
+    model also takes its envs' core states and which observations start an episode, and returns the new states."""
+    if model.recurrent:
+        actions, params, _, state = model.act_recurrent(x, state, first, generator)
+    else:
+        actions, params = model.act(x, generator)
+    return (model.action.mode(params) if greedy else actions), state
 
 
 def _mlp(in_dim: int, hidden: tuple[int, ...]) -> nn.Sequential:
@@ -136,12 +237,17 @@ def build_model(cfg: LearnerConfig, spec: EnvSpec) -> ActorCritic:
         in_dim = int(np.prod(spec.obs_shape))
         norm = ObsNorm(tuple(spec.obs_shape)) if cfg.normalize_observations else None
         return ActorCritic(_mlp(in_dim, cfg.hidden_sizes), cfg.hidden_sizes[-1], spec.action,
-                           value_torso=_mlp(in_dim, cfg.hidden_sizes), obs_norm=norm)
+                           value_torso=_mlp(in_dim, cfg.hidden_sizes), obs_norm=norm, core_size=cfg.core_units)
     if len(spec.obs_shape) != 3 or spec.obs_shape[1] < 36 or spec.obs_shape[2] < 36:
         raise ConfigError(f"learner.model='nature_cnn' needs observations shaped [channels, H, W] with H, W >= 36; "
                           f"this env gives {list(spec.obs_shape)}: use learner.model=mlp")
     torso, out = _nature_cnn(spec.obs_shape[0], spec.obs_shape[1])
-    return ActorCritic(torso, out, spec.action)
+    return ActorCritic(torso, out, spec.action, core_size=cfg.core_units)
+
+
+def core_state_size(cfg: LearnerConfig, spec: EnvSpec) -> int:
+    """The size of one env's recurrent state for this model (0: feed-forward): what buffers and slots hold."""
+    return cfg.core_units * (4 if resolve_model(cfg, spec) == "mlp" else 2)
 
 
 def resolve_devices(name: str, n: int) -> list[torch.device]:

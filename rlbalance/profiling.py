@@ -87,6 +87,7 @@ def profile_run(cfg, steps: int = 10) -> tuple[dict, Path]:
     from dataclasses import replace
 
     from .buffers import RolloutBuffers
+    from .model import core_state_size
     from .envs import EnvBatch
     from .train import train
 
@@ -97,7 +98,8 @@ def profile_run(cfg, steps: int = 10) -> tuple[dict, Path]:
         envs = EnvBatch(cfg.env, k, 0)
         obs = torch.from_numpy(envs.reset().copy()).repeat(cfg.num_clients, *([1] * len(spec.obs_shape)))
         nb = cfg.buffers_per_batch
-        bufs = RolloutBuffers.allocate(nb, cfg.learner.unroll_length, k, spec, shared=False)
+        bufs = RolloutBuffers.allocate(nb, cfg.learner.unroll_length, k, spec, shared=False,
+                                       core_size=core_state_size(cfg.learner, spec))
         for j in range(nb):
             bufs.view(j).obs[:] = envs.obs
         envs.close()

@@ -24,7 +24,7 @@ from .envs import EnvBatch, EnvSpec, probe_spec
 from .inference import InferenceServer
 from .learner import Learner
 from .metrics import EpisodeStats
-from .model import build_model, resolve_device
+from .model import build_model, core_state_size, resolve_device
 from .rundir import RunDir
 from .session import Session, checkpoint_identity
 
@@ -40,17 +40,27 @@ def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -
             actions, logits = learner.model.act(torch.from_numpy(obs).to(device), gen)
             return actions.cpu().numpy(), logits.cpu().numpy()
 
-        policies = [DirectPolicy(act, lambda: learner.updates) for _ in range(cfg.num_clients)]
+        def act_recurrent(obs, first, state):
+            actions, logits, core_in, state = learner.model.act_recurrent(
+                torch.from_numpy(obs).to(device), state, torch.from_numpy(first).to(device), gen)
+            return actions.cpu().numpy(), logits.cpu().numpy(), core_in, state
+
+        if learner.model.recurrent:
+            policies = [DirectPolicy(act_recurrent, lambda: learner.updates, learner.model.initial_state(k, device))
+                        for _ in range(cfg.num_clients)]
+        else:
+            policies = [DirectPolicy(act, lambda: learner.updates) for _ in range(cfg.num_clients)]
     else:
         weights = SharedWeights.allocate(learner.model)
         policies = []
         for a in range(cfg.actors.num_actors):
             local = LocalModel(build_model(cfg.learner, spec), weights, cfg.inference.sync_every,
                                client_seed(cfg, a * g))
-            policies += [local.policy() for _ in range(g)]
+            policies += [local.policy(k) for _ in range(g)]
     rollouts = [Rollout(EnvBatch(cfg.env, k, client_seed(cfg, c)), policies[c]) for c in range(cfg.num_clients)]
     nb = cfg.buffers_per_batch
-    buffers = RolloutBuffers.allocate(nb, cfg.learner.unroll_length, k, spec, shared=False)
+    buffers = RolloutBuffers.allocate(nb, cfg.learner.unroll_length, k, spec, shared=False,
+                                      core_size=core_state_size(cfg.learner, spec))
     turn = 0
     while not session.done():
         for j in range(nb):
@@ -71,10 +81,11 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
     k, t, n_buf = cfg.actors.envs_per_actor, cfg.learner.unroll_length, cfg.num_buffers
     central = cfg.inference.mode == "central"
     sh = ActorShared(
-        buffers=RolloutBuffers.allocate(n_buf, t, k, spec, shared=True),
+        buffers=RolloutBuffers.allocate(n_buf, t, k, spec, shared=True, core_size=core_state_size(cfg.learner, spec)),
         stop=torch.zeros(1, dtype=torch.uint8).share_memory_(),
         heartbeat=torch.zeros(cfg.actors.num_actors, dtype=torch.float64).share_memory_(),
-        slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True) if central else None,
+        slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True, core_size=core_state_size(cfg.learner, spec))
+        if central else None,
         weights=None if central else SharedWeights.allocate(learner.model))
     on_start = (lambda i, pid: session.sampler.watch("actor", pid)) if session.sampler is not None else None
     pool = ActorPool(ctx, cfg, sh, on_start)

@@ -24,7 +24,7 @@ from rlbalance.actor import actor_cpus, actor_env_groups, client_seed, init_proc
 from rlbalance.buffers import RolloutBuffers
 from rlbalance.envs import EnvBatch, probe_spec
 from rlbalance.learner import Learner
-from rlbalance.model import build_model, resolve_device
+from rlbalance.model import build_model, core_state_size, resolve_device
 from rlbalance.rundir import hardware_stamp
 
 WORKLOADS = {
@@ -97,7 +97,7 @@ def learner_ceiling(cfg: C.Config, seconds: float = 5.0, warmup_updates: int = 3
     device = resolve_device(cfg.learner.device)
     learner = Learner(build_model(cfg.learner, spec), cfg.learner, device, total_steps=10**12)
     nb, k, t = cfg.buffers_per_batch, cfg.actors.envs_per_actor, cfg.learner.unroll_length
-    bufs = RolloutBuffers.allocate(nb, t, k, spec, shared=False)
+    bufs = RolloutBuffers.allocate(nb, t, k, spec, shared=False, core_size=core_state_size(cfg.learner, spec))
     envs = EnvBatch(cfg.env, k, 0)
     obs = envs.reset()
     rng = np.random.default_rng(0)

@@ -12,6 +12,7 @@
   rlbalance bench planner                      # calibrate, sweep, and the model's error on held-out points
   rlbalance bench ray                          # Ray actors against shared-memory actors, overhead per step
   rlbalance bench seeds --seeds 8              # CartPole learning over seeds with the default config
+  rlbalance bench memory --seeds 2             # CartPole without velocities: an LSTM core against feed-forward
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=["trainer", "pong-curve", "mujoco-curve", "telemetry-overhead", "sweep", "soak",
-                                         "chaos", "planner", "ray", "seeds"],
+                                         "chaos", "planner", "ray", "seeds", "memory"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
@@ -41,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "directory instead of training")
     p.add_argument("--repeats", type=int, default=4, help="telemetry-overhead: runs each way")
     p.add_argument("--minutes", type=float, default=30.0, help="soak, chaos: minutes of training")
-    p.add_argument("--seeds", type=int, default=8, help="seeds: runs per mode (seeds 0..N-1)")
+    p.add_argument("--seeds", type=int, default=0, help="seeds: runs per mode (seeds 0..N-1, default 8); memory: "
+                   "seeds 1..N (default 2)")
     p.add_argument("--modes", default="central", help="seeds: comma-separated inference modes (central, actor)")
     p.add_argument("--set", metavar="SECTION.FIELD=VALUE", action="append", default=[],
                    help="seeds, pong-curve, chaos: a config override on top of the defaults, e.g. --set learner.max_grad_norm=2 "
@@ -93,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.name == "seeds":
         from rlbalance.bench.seeds import run_seeds
 
+        args.seeds = args.seeds or 8
         modes = [m for m in args.modes.split(",") if m]
         bad = [m for m in modes if m not in ("central", "actor")]
         if bad or not modes or args.seeds < 1:
@@ -101,6 +104,14 @@ def run(args: argparse.Namespace) -> int:
         extra = C.parse_set(args.set)
         C.build(extra)  # a bad override fails here, naming the field, before any run
         print(run_seeds(out, args.seeds, args.steps or 500_000, modes, extra=extra))
+        return 0
+    if args.name == "memory":
+        from rlbalance.bench.memory import run_memory
+
+        seeds = args.seeds or 2
+        if seeds < 1:
+            raise C.ConfigError(f"--seeds {seeds}: at least 1")
+        print(run_memory(out / "recurrent", seeds, args.steps or 150_000))
         return 0
     if args.name == "mujoco-curve":
         from rlbalance.bench.pong_curve import run_mujoco_curve, write_curve
