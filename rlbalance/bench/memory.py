@@ -38,7 +38,8 @@ def run_memory(out: Path, seeds: int = 2, steps: int = 150_000, core_size: int =
             progress(f"[memory] {core} seed {seed}: best {run['best_last100']:.0f}, final {run['final_last100']:.0f}")
     from dataclasses import asdict
 
-    learner = asdict(C.build({"env": {"id": ENV}}).learner)
+    learner = {k: v for k, v in asdict(C.build({"env": {"id": ENV}}).learner).items()
+               if k not in ("core", "core_size")}  # (those two: per run, and core_size below)
     result = {"env": ENV, "steps_per_run": steps, "runner": "serial", "core_size": core_size,
               "learner_settings": learner, "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
