@@ -272,6 +272,9 @@ def _check_id(cfg: EnvConfig) -> None:
                           "(or list the module that registers it in env.imports)")
 
 
+INT32_SEEDS = 2**31 - 1
+
+
 class EnvPoolBatch:
     """EnvPool's batched C++ envs, turned to same-step autoreset: where envs end, their reset is
     stepped at once (EnvPool resets on the *next* step, ignoring its action)."""
@@ -295,7 +298,9 @@ class EnvPoolBatch:
         if task not in envpool.list_all_envs():
             raise ConfigError(f"env.id={cfg.id!r} is not an EnvPool task; use env.backend=gymnasium")
         # One thread: an actor is one core's worth of env stepping, as with the gymnasium backend.
-        self.env = envpool.make_gymnasium(task, num_envs=k, seed=seed, num_threads=1, **kwargs)
+        # EnvPool takes int32 seeds only; ours grow with run.seed and the learner rank (rank r adds 7919 r to
+        # run.seed, and a group's seed is run.seed x 1,000,003 + ...), so fold them into that range.
+        self.env = envpool.make_gymnasium(task, num_envs=k, seed=int(seed % INT32_SEEDS), num_threads=1, **kwargs)
         self.atari = cfg.is_atari
         space = self.env.observation_space
         self.action = ActionSpec.from_space(self.env.action_space, cfg.id)

@@ -81,6 +81,18 @@ def test_time_limit_is_a_truncation_with_the_final_observation():
     envs.close()
 
 
+def test_envpool_takes_the_seeds_of_large_run_seeds_and_learner_ranks():
+    """EnvPool asserts int32 seeds; rank 1 of learner.devices=2 (run.seed + 7919) made an env group seed of
+    7.9e9, which killed every actor of that rank. Seeds are folded into range, and distinct seeds stay distinct."""
+    pytest.importorskip("envpool", reason="optional backend: pip install -e '.[envpool]'")
+    cfg = C.EnvConfig(id="CartPole-v1", backend="envpool")
+    batches = [EnvBatch(cfg, 2, seed=s) for s in (7_919_023_757, 7_919_023_758)]
+    first = [b.reset().copy() for b in batches]
+    for b in batches:
+        b.close()
+    assert not np.array_equal(first[0], first[1])
+
+
 def test_envpool_backend_same_step_autoreset():
     pytest.importorskip("envpool", reason="optional backend: pip install -e '.[envpool]'")
     cfg = C.EnvConfig(id="CartPole-v1", backend="envpool")

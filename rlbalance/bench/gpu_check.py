@@ -63,7 +63,8 @@ def main(out: str = "bench/results", rehearse: bool = False) -> int:
         print(f"pong actors={n}: {res['pong_actor_sweep'][str(n)]['fps']:.0f} FPS, "
               f"{res['pong_actor_sweep'][str(n)]['verdict']}", flush=True)
     if rehearse or torch.cuda.device_count() >= 2:  # one learner process per GPU (on the CPU: two gloo ranks)
-        cfg = workload_config("pong", {"learner": {"device": device, "devices": 2}, "actors": {"num_actors": 2},
+        cfg = workload_config("pong", {"learner": {"device": device, "devices": 2},
+                                       "actors": {"num_actors": 2, "buffers_per_actor": 0},
                                        "run": {"total_steps": 10**9, "max_seconds": 6.0 if rehearse else 40.0,
                                                "out_dir": str(out_p / "runs"), "name": f"gpu-ddp2-{int(time.time())}"},
                                        "telemetry": {"progress": False, "warmup_s": 1.0 if rehearse else 8.0}})
