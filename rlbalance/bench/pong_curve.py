@@ -156,23 +156,32 @@ def _plot(rows: list[dict], result: dict, path: Path, milestones: tuple[float, .
     plt.close(fig)
 
 
-def plot_seeds(results: list[Path], path: Path) -> None:
+def plot_seeds(results: list[Path], path: Path, names: list[str] | None = None,
+               title: str = "Pong with the Atari preset: seeds side by side", max_frames: float | None = None) -> None:
     """The curves of several pong-curve results (their pong-curve.json) on one figure: return against frames and
-    against wall time, one line per seed, with the +18 and -15 marks."""
+    against wall time, one line per seed (or per ``names``), with the +18 and -15 marks; ``max_frames``: cut the
+    curves there (to compare runs of different lengths on the same budget)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    for p in results:
+    for i, p in enumerate(results):
         r = json.loads(Path(p).read_text())
-        pts = [c for c in r["curve"] if c["return"] is not None]
-        hit = r["milestones"].get("+18")
-        label = f"seed {r['seed']} (" + (f"+18 at {hit['frames'] / 1e6:.2f}M frames)" if hit else
-                                         f"+18 not reached; {r['final_return_last100']:+.1f} at the end)")
+        pts = [c for c in r["curve"] if c["return"] is not None and (max_frames is None or c["frames"] <= max_frames)]
+        name = names[i] if names else f"seed {r['seed']}"
+        if max_frames is not None:
+            low = r["milestones"].get("-15")
+            label = f"{name} (-15 at {low['frames'] / 1e6:.2f}M frames; {pts[-1]['return']:+.1f} at " \
+                    f"{pts[-1]['frames'] / 1e6:.1f}M)" if low and low["frames"] <= max_frames else \
+                    f"{name} ({pts[-1]['return']:+.1f} at {pts[-1]['frames'] / 1e6:.1f}M)"
+        else:
+            hit = r["milestones"].get("+18")
+            label = f"{name} (" + (f"+18 at {hit['frames'] / 1e6:.2f}M frames)" if hit else
+                                   f"+18 not reached; {r['final_return_last100']:+.1f} at the end)")
         a.plot([c["frames"] / 1e6 for c in pts], [c["return"] for c in pts], label=label)
-        b.plot([c["wall_s"] / 60 for c in pts], [c["return"] for c in pts], label=f"seed {r['seed']}")
+        b.plot([c["wall_s"] / 60 for c in pts], [c["return"] for c in pts], label=name)
     for ax in (a, b):
         ax.axhline(18, color="gray", ls="--", lw=0.8)
         ax.axhline(-15, color="gray", ls=":", lw=0.8)
@@ -181,7 +190,7 @@ def plot_seeds(results: list[Path], path: Path) -> None:
     b.set_xlabel("wall time (minutes, this 2-vCPU machine)")
     a.set_ylabel("mean return, last 100 games")
     a.legend(fontsize=8, loc="lower right")
-    fig.suptitle("Pong with the Atari preset: seeds side by side")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
