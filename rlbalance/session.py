@@ -72,6 +72,14 @@ def update_figures(batch: dict[str, torch.Tensor], stats: dict[str, float], upda
     return rets, lens, float(updates - 1 - batch["version"].float().mean())
 
 
+def _timed(warm: RoleShares | None, whole: RoleShares | None) -> RoleShares:
+    """The figures after warm-up where the learner has timed stages there, else the whole run's (a run about as
+    short as the warm-up may have only a stage-less last report after it)."""
+    if warm is not None and sum(warm.seconds.get("learner", {}).values()) > 0:
+        return warm
+    return whole if whole is not None else RoleShares()
+
+
 STRAGGLER_GAP = 0.15  # a learner rank waiting for its actors' data this much more of its time than the others
 
 
@@ -127,6 +135,7 @@ class Session:
         self.extra_info: dict[str, object] = {}  # runner facts for telemetry.json and the summary
         self.ranks = None  # learner ranks 1..N-1 (ddp_runner.Ranks) where learner.data_parallel=ddp
         self.rank_shares: dict[int, RoleShares] = {}  # each learner rank's roles, after warm-up
+        self.rank_shares_all: dict[int, RoleShares] = {}  # ... and over the whole run (for runs shorter than it)
         self.rank_batch_sizes: dict[int, Counter] = {}  # ranks 1..N-1's inference batch sizes
         self.rank_actor_faults: dict[int, dict] = {}  # ranks 1..N-1's actor restarts and lost actor-seconds
         self.sampler = None
@@ -158,6 +167,8 @@ class Session:
         rank whose role it is (learner.data_parallel=ddp; its figures are kept apart as well)."""
         if self.ranks is not None and self.warm:
             self.rank_shares.setdefault(rank, RoleShares()).add(role, snap)
+        if self.ranks is not None:
+            self.rank_shares_all.setdefault(rank, RoleShares()).add(role, snap)
         if role in self.window and self.window[role] is not snap:
             prev = self.window[role]
             merged = {"wall_s": prev["wall_s"] + snap["wall_s"],
@@ -241,8 +252,8 @@ class Session:
 
     def telemetry(self) -> dict:
         hw = self.sampler.summary() if self.sampler is not None else {}
-        warm = self.cumulative.wall["learner"] > 0
-        cum = self.cumulative if warm else self.cumulative_all
+        cum = _timed(self.cumulative, self.cumulative_all)
+        warm = cum is self.cumulative
         missing = set(self.cumulative_all.seconds) - set(cum.seconds)
         if missing:  # a role that reported only before the warm-up ended (a short run) keeps its whole-run figures
             cum = cum.with_roles(self.cumulative_all, missing)
@@ -285,7 +296,7 @@ class Session:
             faults = self.rank_actor_faults.get(r) or (
                 {"actor_restarts": self.actor_pool.restarts,
                  "actor_seconds_lost": self.actor_pool.pending_lost_seconds()} if r == 0 and self.actor_pool else {})
-            out[str(r)] = {"stage_shares": self.rank_shares[r].shares() if r in self.rank_shares else {},
+            out[str(r)] = {"stage_shares": _timed(self.rank_shares.get(r), self.rank_shares_all.get(r)).shares(),
                            "inference_batch_mean": sum(k * v for k, v in b.items()) / n if n else None,
                            "inference_batch_sizes": {str(k): v for k, v in sorted(b.items())}, **faults}
         return out

@@ -13,7 +13,7 @@ def test_serial_runs_have_learner_ranks_too_and_the_sweep_divides_r_by_them(tmp_
 
     base = {"env": {"id": "synthetic", "synthetic_step_us": 20.0}, "run": {"mode": "serial"},
             "telemetry": {"warmup_s": 0.5, "hardware_interval_s": 0.5}}
-    rows = run_sweep("devices", base, parse_axes(["learner.devices=1,2"]), 8_000, tmp_path / "s.db",
+    rows = run_sweep("devices", base, parse_axes(["learner.devices=1,2"]), 20_000, tmp_path / "s.db",
                      str(tmp_path / "runs"))
     assert sorted(r["accelerators"] for r in rows) == [1, 2]
     a = analyse(rows)
