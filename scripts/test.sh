@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up, then lint for errors and run the whole test suite (CPU only; about 30 minutes on 2 cores, Ray tests included).
+# Set up, then lint for errors and run the whole test suite (CPU only; about 35 minutes on 2 cores, Ray tests included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
