@@ -101,3 +101,78 @@ def test_epsilon_ladder_runs_from_0_4_to_0_4_to_the_8th():
     e = epsilon_ladder(8)
     assert e[0] == pytest.approx(0.4) and e[-1] == pytest.approx(0.4 ** 8)
     assert np.all(np.diff(e) < 0) and epsilon_ladder(1).tolist() == [0.4]
+
+
+def _batch(t1=12, b=4, obs=3, a=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    first = torch.zeros(t1, b, dtype=torch.bool)
+    first[5, 1] = True
+    done = torch.zeros(t1, b, dtype=torch.bool)
+    done[4, 1] = True
+    return {"obs": torch.randn(t1, b, obs, generator=g), "action": torch.randint(0, a, (t1, b), generator=g),
+            "reward": torch.randn(t1, b, generator=g), "done": done, "first": first,
+            "core": torch.zeros(b, 2 * 8)}
+
+
+def _learner(**kw):
+    from rlbalance.agents.r2d2 import R2D2Learner, R2D2Net, R2D2Settings
+
+    torch.manual_seed(0)
+    return R2D2Learner(R2D2Net((3,), 2, hidden_sizes=(16,), core_size=8),
+                       R2D2Settings(**{"burn_in": 4, "n_step": 3, "learning_rate": 1e-2, **kw}))
+
+
+def test_dueling_head_and_epsilon_greedy_actions():
+    from rlbalance.agents.r2d2 import R2D2Net
+
+    torch.manual_seed(0)
+    net = R2D2Net((3,), 4, hidden_sizes=(16,), core_size=8)
+    obs, state = torch.randn(200, 3), net.initial_state(200)
+    first = torch.ones(200, dtype=torch.bool)
+    greedy, q, state_in, _ = net.act(obs, state, first, torch.zeros(200))
+    assert torch.equal(greedy, q.argmax(-1)) and torch.count_nonzero(state_in) == 0
+    random, _, _, _ = net.act(obs, state, first, torch.ones(200), torch.Generator().manual_seed(1))
+    assert (random != greedy).float().mean() > 0.5  # epsilon 1: uniform over 4 actions
+    h = torch.randn(5, 8)
+    adv = net.advantage(h)
+    q_head = net.value(h) + adv - adv.mean(-1, keepdim=True)
+    assert torch.allclose(q_head.mean(-1, keepdim=True), net.value(h), atol=1e-6)  # advantages centred
+
+
+def test_r2d2_update_fits_a_batch_and_gives_priorities():
+    lrn = _learner(target_update_every=10**9)
+    batch = _batch()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (a tiny net: more threads only contend on a loaded machine)
+    try:
+        first = lrn.train(batch)
+        for _ in range(60):
+            last = lrn.train(batch)
+    finally:
+        torch.set_num_threads(threads)
+    assert last["loss"] < 0.3 * first["loss"], (first["loss"], last["loss"])
+    assert last["priorities"].shape == (4,) and (last["priorities"] > 0).all()
+
+
+def test_burn_in_rows_carry_no_loss_and_the_target_net_is_copied_on_schedule():
+    a, b = _learner(target_update_every=3), _learner(target_update_every=3)
+    x = _batch()
+    y = {k: v.clone() for k, v in x.items()}
+    y["reward"][:4] += 100.0  # rewards of the burn-in rows
+    y["action"][:4] = 1 - y["action"][:4]
+    assert a.train(x)["loss"] == pytest.approx(b.train(y)["loss"], rel=1e-6)
+    before = [p.clone() for p in a.target.parameters()]
+    a.train(x)
+    assert all(torch.equal(p, q) for p, q in zip(before, a.target.parameters()))  # update 2: not yet
+    a.train(x)  # update 3: copied
+    assert all(torch.equal(p, q) for p, q in zip(a.net.parameters(), a.target.parameters()))
+    with pytest.raises(ValueError, match="nothing to learn"):
+        _learner(burn_in=10).train(_batch())
+
+
+def test_importance_weights_scale_each_sequences_loss():
+    a, b = _learner(), _learner()
+    x = _batch()
+    full = a.train(x, torch.ones(4))["loss"]
+    half = b.train(x, torch.full((4,), 0.5))["loss"]
+    assert half == pytest.approx(full / 2, rel=1e-6)

@@ -9,12 +9,17 @@ Learning", ICLR 2019; the defaults are the paper's and SEED RL's Atari settings)
 - ``PrioritySampler``: proportional prioritised sampling (priority ** alpha) over a sum tree, with importance
   weights (N P(i)) ** -beta normalised by their maximum over the batch.
 - ``epsilon_ladder``: the per-actor exploration rates of Ape-X/R2D2, eps_i = 0.4 ** (1 + 7 i / (N - 1)).
+- ``R2D2Net`` (torso, LSTM, dueling head; epsilon-greedy ``act``) and ``R2D2Learner`` (burn-in, targets, the
+  importance-weighted TD loss, new priorities, the target net's copies). Not wired into the runners yet.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+from torch import nn
 
 RESCALE_EPS = 1e-3
 
@@ -115,3 +120,135 @@ def epsilon_ladder(n: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
     if n == 1:
         return np.array([base])
     return base ** (1.0 + alpha * np.arange(n) / (n - 1))
+
+
+# -- the network and the learner step ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class R2D2Settings:
+    """The learner's settings (the paper's and SEED RL's Atari values). ``burn_in`` rows of each stored sequence
+    only warm the recurrent state up (no loss there); targets look ``n_step`` rows ahead."""
+
+    discount: float = 0.997
+    n_step: int = 5
+    burn_in: int = 40
+    learning_rate: float = 1e-4
+    adam_eps: float = 1e-3
+    max_grad_norm: float = 80.0
+    target_update_every: int = 2500  # learner updates between copies of the online net into the target net
+    priority_eta: float = 0.9
+    rescale_eps: float = RESCALE_EPS
+
+
+class R2D2Net(nn.Module):
+    """Torso (an MLP, or the Nature CNN for image observations) -> LSTM -> dueling head: Q = V + A - mean(A).
+    ``forward`` runs over sequences [T1, B, ...] from start states [B, 2H] with resets where ``first``."""
+
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, hidden_sizes: tuple[int, ...] = (64, 64),
+                 core_size: int = 128):
+        super().__init__()
+        from rlbalance.model import _mlp, _nature_cnn
+
+        if len(obs_shape) == 3:
+            self.torso, out = _nature_cnn(obs_shape[0], obs_shape[1])
+        else:
+            self.torso, out = _mlp(int(np.prod(obs_shape)), hidden_sizes), hidden_sizes[-1]
+        self.core = nn.LSTMCell(out, core_size)
+        self.core_size, self.num_actions = core_size, num_actions
+        self.value = nn.Linear(core_size, 1)
+        self.advantage = nn.Linear(core_size, num_actions)
+
+    def initial_state(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.zeros(n, 2 * self.core_size, device=device)
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        return self.torso(x)
+
+    def _step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h, c = self.core(x, (state[:, :self.core_size], state[:, self.core_size:]))
+        adv = self.advantage(h)
+        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True), torch.cat([h, c], dim=1)
+
+    def forward(self, obs: torch.Tensor, state0: torch.Tensor, first: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q-values [T1, B, A] and the state after each row [T1, B, 2H]; row 0's ``first`` is ignored (``state0``
+        is the state row 0 starts from, as recorded)."""
+        t1, b = obs.shape[:2]
+        x = self._features(obs.reshape(t1 * b, *obs.shape[2:])).reshape(t1, b, -1)
+        keep = (~first).to(state0.dtype)
+        state, qs, states = state0, [], []
+        for t in range(t1):
+            if t:
+                state = state * keep[t].view(-1, 1)
+            q, state = self._step(x[t], state)
+            qs.append(q)
+            states.append(state)
+        return torch.stack(qs), torch.stack(states)
+
+    @torch.inference_mode()
+    def act(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor, epsilon: torch.Tensor,
+            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Epsilon-greedy actions for N envs (``epsilon`` [N], each env's own rate). Returns (actions, Q-values,
+        the state the step started from (reset where ``first``), the state after it)."""
+        state_in = state * (~first).to(state.dtype).view(-1, 1)
+        q, state_out = self._step(self._features(obs), state_in)
+        greedy = q.argmax(dim=-1)
+        explore = torch.rand(q.shape[0], generator=generator, device=q.device) < epsilon
+        random = torch.randint(0, self.num_actions, (q.shape[0],), generator=generator, device=q.device)
+        return torch.where(explore, random, greedy), q, state_in, state_out
+
+
+class R2D2Learner:
+    """One R2D2 update on a batch of stored sequences: burn-in (online and target nets from the stored start
+    state, no gradient), n-step double-Q targets with the value rescaling, a TD loss weighted by the replay's
+    importance weights, new priorities for the sampled sequences, and the target net copied every
+    ``target_update_every`` updates."""
+
+    def __init__(self, net: R2D2Net, settings: R2D2Settings = R2D2Settings(), device: torch.device | str = "cpu"):
+        import copy
+
+        self.s, self.device = settings, torch.device(device)
+        self.net = net.to(self.device)
+        self.target = copy.deepcopy(self.net).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=settings.learning_rate, eps=settings.adam_eps)
+        self.updates = 0
+
+    def train(self, batch: dict[str, torch.Tensor], weights: torch.Tensor | None = None) -> dict:
+        """``batch``: obs [T1, B, ...], action, reward, done, first [T1, B], core [B, 2H] (the state row 0 started
+        from). ``weights`` [B]: importance weights (None: 1). Returns the loss figures and ``priorities`` [B]."""
+        s = self.s
+        b = {k: v.to(self.device) for k, v in batch.items()}
+        burn = s.burn_in
+        if b["action"].shape[0] <= burn + s.n_step:
+            raise ValueError(f"sequences of {b['action'].shape[0]} rows leave nothing to learn from after a "
+                             f"burn-in of {burn} and {s.n_step}-step targets")
+        state_on = state_tg = b["core"]
+        if burn:
+            with torch.no_grad():
+                _, st_on = self.net(b["obs"][:burn], b["core"], b["first"][:burn])
+                _, st_tg = self.target(b["obs"][:burn], b["core"], b["first"][:burn])
+            reset = (~b["first"][burn]).to(state_on.dtype).view(-1, 1)  # (forward treats row 0 as already reset)
+            state_on, state_tg = st_on[-1] * reset, st_tg[-1] * reset
+        rest = {k: b[k][burn:] for k in ("obs", "action", "reward", "done", "first")}
+        q, _ = self.net(rest["obs"], state_on, rest["first"])
+        with torch.no_grad():
+            q_tg, _ = self.target(rest["obs"], state_tg, rest["first"])
+            y = n_step_double_q_targets(q.detach(), q_tg, rest["reward"].float(), rest["done"], s.discount,
+                                        s.n_step, s.rescale_eps)
+        t = y.shape[0]
+        q_taken = q[:t].gather(-1, rest["action"][:t].long().unsqueeze(-1)).squeeze(-1)
+        td = y - q_taken
+        per_seq = 0.5 * (td ** 2).mean(dim=0)
+        w = torch.ones_like(per_seq) if weights is None else weights.to(self.device, per_seq.dtype)
+        loss = (w * per_seq).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), s.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % s.target_update_every == 0:
+            self.target.load_state_dict(self.net.state_dict())
+        return {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "q_mean": float(q_taken.detach().mean()),
+                "td_abs": float(td.abs().mean()),
+                "priorities": sequence_priorities(td.detach(), s.priority_eta).cpu()}
