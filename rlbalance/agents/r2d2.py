@@ -249,6 +249,6 @@ class R2D2Learner:
         self.updates += 1
         if self.updates % s.target_update_every == 0:
             self.target.load_state_dict(self.net.state_dict())
+        td = td.detach()
         return {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "q_mean": float(q_taken.detach().mean()),
-                "td_abs": float(td.abs().mean()),
-                "priorities": sequence_priorities(td.detach(), s.priority_eta).cpu()}
+                "td_abs": float(td.abs().mean()), "priorities": sequence_priorities(td, s.priority_eta).cpu()}
