@@ -176,3 +176,34 @@ def test_importance_weights_scale_each_sequences_loss():
     full = a.train(x, torch.ones(4))["loss"]
     half = b.train(x, torch.full((4,), 0.5))["loss"]
     assert half == pytest.approx(full / 2, rel=1e-6)
+
+
+def _seqs(n, t1=6, start=0):
+    v = np.arange(start, start + n, dtype=np.float32)
+    return {"obs": np.repeat(v[:, None, None], t1, 1).repeat(3, 2), "action": np.zeros((n, t1), np.int64),
+            "reward": np.repeat(v[:, None], t1, 1), "done": np.zeros((n, t1), bool),
+            "first": np.zeros((n, t1), bool), "core": np.repeat(v[:, None], 4, 1)}
+
+
+def test_sequence_replay_stores_samples_and_overwrites_its_oldest():
+    from rlbalance.agents.r2d2 import SequenceReplay
+
+    r = SequenceReplay(5, 6, (3,), np.float32, 4, seed=0)
+    assert r.add(_seqs(3)).tolist() == [0, 1, 2]
+    assert r.add(_seqs(4, start=3)).tolist() == [3, 4, 0, 1]  # sequences 5 and 6 replace 0 and 1
+    assert r.filled == 5 and r.inserted == 7
+    slots, w, b = r.sample(8)
+    assert b["obs"].shape == (6, 8, 3) and b["reward"].shape == (6, 8) and b["core"].shape == (8, 4)
+    assert torch.equal(b["reward"][0], b["core"][:, 0])  # each column is one stored sequence, core and rows alike
+    assert set(b["reward"][0].tolist()) <= {2.0, 3.0, 4.0, 5.0, 6.0} and w.shape == (8,)
+    r.update_priorities(np.arange(5), np.array([0.0, 0.0, 0.0, 0.0, 1.0]))  # only slot 4 (sequence 4) left
+    assert set(r.sample(16)[2]["reward"][0].tolist()) == {4.0}
+    assert r.replay_ratio() == pytest.approx(24 / 7)
+
+
+def test_a_replay_that_does_not_fit_in_memory_is_refused_naming_the_field():
+    from rlbalance.agents.r2d2 import SequenceReplay
+    from rlbalance.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"r2d2.replay_sequences=1000000000 is invalid: .* GiB .* use at most"):
+        SequenceReplay(10**9, 80, (4, 84, 84), np.uint8, 1024, field="r2d2.replay_sequences")

@@ -252,3 +252,72 @@ class R2D2Learner:
         td = td.detach()
         return {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "q_mean": float(q_taken.detach().mean()),
                 "td_abs": float(td.abs().mean()), "priorities": sequence_priorities(td, s.priority_eta).cpu()}
+
+
+class SequenceReplay:
+    """A bounded replay of fixed-length sequences in the learner process, preallocated (its memory is known and
+    checked before anything is allocated) and prioritised (``PrioritySampler``). Sequences are stored row-major
+    [slot, T1, ...]; a full replay overwrites its oldest. ``field``: the config field that sets ``capacity``,
+    named by the error when the replay does not fit in memory."""
+
+    def __init__(self, capacity: int, seq_len: int, obs_shape: tuple[int, ...], obs_dtype, state_size: int,
+                 alpha: float = 0.9, seed: int = 0, field: str = "capacity", memory_fraction: float = 0.8):
+        import psutil
+
+        from rlbalance.config import ConfigError
+
+        obs_dtype = np.dtype(obs_dtype)
+        per_seq = seq_len * (int(np.prod(obs_shape)) * obs_dtype.itemsize + 8 + 4 + 1 + 1) + 4 * state_size
+        self.bytes = capacity * per_seq
+        available = psutil.virtual_memory().available
+        if capacity < 1 or self.bytes > memory_fraction * available:
+            raise ConfigError(f"{field}={capacity} is invalid: {capacity:,} sequences of {seq_len} rows take "
+                              f"{self.bytes / 2**30:.1f} GiB and {available / 2**30:.1f} GiB are free; use at most "
+                              f"{max(1, int(memory_fraction * available // per_seq)):,}")
+        self.capacity, self.seq_len = capacity, seq_len
+        self.obs = np.zeros((capacity, seq_len, *obs_shape), dtype=obs_dtype)
+        self.action = np.zeros((capacity, seq_len), dtype=np.int64)
+        self.reward = np.zeros((capacity, seq_len), dtype=np.float32)
+        self.done = np.zeros((capacity, seq_len), dtype=bool)
+        self.first = np.zeros((capacity, seq_len), dtype=bool)
+        self.core = np.zeros((capacity, state_size), dtype=np.float32)
+        self.sampler = PrioritySampler(capacity, alpha, seed)
+        self.next = 0
+        self.filled = 0
+        self.inserted = 0
+        self.sampled = 0
+        self.max_priority = 1.0
+
+    def add(self, seqs: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
+        """Store B sequences (obs [B, T1, ...], action, reward, done, first [B, T1], core [B, S]); returns their
+        slots. Without ``priorities`` they get the largest priority seen so far, so each is sampled soon."""
+        n = len(seqs["action"])
+        slots = (self.next + np.arange(n)) % self.capacity
+        for name in ("obs", "action", "reward", "done", "first", "core"):
+            getattr(self, name)[slots] = seqs[name]
+        p = np.full(n, self.max_priority) if priorities is None else np.asarray(priorities, dtype=np.float64)
+        self.sampler.update(slots, p)
+        self.max_priority = max(self.max_priority, float(p.max(initial=0.0)))
+        self.next = int((self.next + n) % self.capacity)
+        self.filled = min(self.capacity, self.filled + n)
+        self.inserted += n
+        return slots
+
+    def sample(self, batch: int, beta: float = 0.6) -> tuple[np.ndarray, torch.Tensor, dict[str, torch.Tensor]]:
+        """(slots, importance weights [B], the sequences time-major: [T1, B, ...], core [B, S])."""
+        slots, w = self.sampler.sample(batch, beta)
+        self.sampled += batch
+        out = {name: torch.from_numpy(np.ascontiguousarray(np.swapaxes(getattr(self, name)[slots], 0, 1)))
+               for name in ("obs", "action", "reward", "done", "first")}
+        out["core"] = torch.from_numpy(self.core[slots])
+        return slots, torch.from_numpy(w), out
+
+    def update_priorities(self, slots: np.ndarray, priorities) -> None:
+        p = np.asarray(priorities, dtype=np.float64)
+        self.sampler.update(slots, p)
+        self.max_priority = max(self.max_priority, float(p.max(initial=0.0)))
+
+    def replay_ratio(self) -> float:
+        """Sequences sampled per sequence inserted (all of one length: how many times each stored step is learned
+        from, on average)."""
+        return self.sampled / self.inserted if self.inserted else 0.0
