@@ -162,7 +162,11 @@ def model_flops(model: torch.nn.Module, obs: torch.Tensor) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(obs)
+        if getattr(model, "recurrent", False):  # one step from an episode's start: [1, N] sequences
+            model(obs[None], model.initial_state(obs.shape[0], obs.device),
+                  torch.ones(1, obs.shape[0], dtype=torch.bool, device=obs.device))
+        else:
+            model(obs)
     return int(counter.get_total_flops())
 
 

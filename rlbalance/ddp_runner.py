@@ -181,6 +181,9 @@ def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_ran
 
             session.nodes = NodeReports()
         runner_for(cfg)(cfg.rank_config(rank), spec, learner, session)
+        # The runner drained its actors' and server's last figures on its way out, after the last agreed report:
+        # one more report carries them (rank 0 gathers it after its own runner returns).
+        gather_reports(session.take_report())
     finally:
         distributed.close()
 
@@ -191,10 +194,6 @@ class Ranks:
 
     def __init__(self, cfg: Config, spec: EnvSpec, launched: bool = False):
         self.cfg, self.world, self.launched = cfg, cfg.learner.devices, launched
-        if not launched:  # all N on this node: as many CUDA devices must be visible
-            from .model import resolve_devices
-
-            resolve_devices(cfg.learner.device, self.world)
         self.ctx = mp.get_context("spawn")
         self.port = None if launched else distributed.free_port()
         self.procs = [] if launched else [
@@ -318,6 +317,10 @@ def run_rank0(cfg: Config, spec: EnvSpec, learner, session, ranks: Ranks) -> Non
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    try:
+        ranks.merge(session, gather_reports(None))  # the ranks' last figures, drained after the agreed stop
+    except RuntimeError:  # a rank that failed on its way out: its last figures are lost, the training is done
+        pass
     ranks.stop()
     if ranks.interrupted:
         raise KeyboardInterrupt

@@ -95,6 +95,9 @@ class ActorCritic(nn.Module):
         """(policy parameters [N, P], values [N]) of observations [N, ...]; a recurrent model takes unrolls
         instead, see ``forward_sequence`` (the learner calls it through here, so DistributedDataParallel sees it)."""
         if self.core is not None:
+            if state0 is None or first is None:
+                raise TypeError("a recurrent model runs over unrolls: model(obs [T1, N, ...], state0 [N, S], "
+                                "first [T1, N]); one step is act_recurrent")
             return self.forward_sequence(obs, state0, first)
         x = self._prep(obs)
         h = self.torso(x)

@@ -296,7 +296,11 @@ class Session:
             faults = self.rank_actor_faults.get(r) or (
                 {"actor_restarts": self.actor_pool.restarts,
                  "actor_seconds_lost": self.actor_pool.pending_lost_seconds()} if r == 0 and self.actor_pool else {})
-            out[str(r)] = {"stage_shares": _timed(self.rank_shares.get(r), self.rank_shares_all.get(r)).shares(),
+            shares, whole = _timed(self.rank_shares.get(r), self.rank_shares_all.get(r)), self.rank_shares_all.get(r)
+            missing = set(whole.seconds) - set(shares.seconds) if whole is not None else set()
+            if missing:  # a role that reported only before the warm-up keeps its whole-run figures, as for the run
+                shares = shares.with_roles(whole, missing)
+            out[str(r)] = {"stage_shares": shares.shares(),
                            "inference_batch_mean": sum(k * v for k, v in b.items()) / n if n else None,
                            "inference_batch_sizes": {str(k): v for k, v in sorted(b.items())}, **faults}
         return out

@@ -183,12 +183,16 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         rank, world, local_rank = launched
         if not cfg.ddp or cfg.learner.devices != world:
             raise ConfigError(f"learner.devices={cfg.learner.devices}: launched as one of {world} processes "
-                              f"(WORLD_SIZE), set learner.devices={world} (with local actor processes)")
+                              f"(WORLD_SIZE), set learner.devices={world}")
         if rank > 0:  # a learner rank of a torchrun launch: rank 0 keeps the run directory
             from .ddp_runner import rank_main
 
             rank_main(rank, cfg, spec, None, local_rank)
             return {"outcome": "completed", "rank": rank}
+    if cfg.ddp and launched is None:  # all N ranks on this node: as many CUDA devices must be visible
+        from .model import resolve_devices
+
+        resolve_devices(cfg.learner.device, cfg.learner.devices)
     state = path = None
     if resume:
         run = RunDir(Path(resume))

@@ -88,8 +88,7 @@ def test_learner_ranks_need_an_equal_share_of_the_actors_and_a_ray_cluster_they_
         C.build({"learner": {"devices": 2}, "ray": {"address": "local"}})
     cfg = C.build({"learner": {"devices": 2}, "actors": {"num_actors": 4}})
     assert cfg.ddp and cfg.rank_config(1).actors.num_actors == 2 and cfg.rank_config(1).run.seed != cfg.run.seed
-    assert C.build({"learner": {"devices": 2}, "run": {"mode": "serial"}}).ddp  # every runner has learner ranks
-    assert C.build({"learner": {"devices": 2}, "ray": {"address": "127.0.0.1:6379"}}).ddp
+    assert C.build({"learner": {"devices": 2}, "run": {"mode": "serial"}}).rank_config(1).actors.num_actors == 1
 
 
 @pytest.mark.slow

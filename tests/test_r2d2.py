@@ -161,6 +161,14 @@ def test_burn_in_rows_carry_no_loss_and_the_target_net_is_copied_on_schedule():
     y["reward"][:4] += 100.0  # rewards of the burn-in rows
     y["action"][:4] = 1 - y["action"][:4]
     assert a.train(x)["loss"] == pytest.approx(b.train(y)["loss"], rel=1e-6)
+    c, d, e = _learner(), _learner(), _learner()
+    z = {k: v.clone() for k, v in x.items()}
+    z["obs"][:4] += 3.0  # burn-in observations shape the state the loss rows start from
+    reset = {k: v.clone() for k, v in z.items()}
+    reset["first"][4] = True  # ... unless the first loss row starts an episode
+    base = c.train(x)["loss"]
+    assert d.train(z)["loss"] != pytest.approx(base, rel=1e-4)
+    assert e.train(reset)["loss"] == pytest.approx(_learner().train({**x, "first": reset["first"]})["loss"], rel=1e-6)
     before = [p.clone() for p in a.target.parameters()]
     a.train(x)
     assert all(torch.equal(p, q) for p, q in zip(before, a.target.parameters()))  # update 2: not yet
@@ -197,8 +205,12 @@ def test_sequence_replay_stores_samples_and_overwrites_its_oldest():
     assert torch.equal(b["reward"][0], b["core"][:, 0])  # each column is one stored sequence, core and rows alike
     assert set(b["reward"][0].tolist()) <= {2.0, 3.0, 4.0, 5.0, 6.0} and w.shape == (8,)
     r.update_priorities(np.arange(5), np.array([0.0, 0.0, 0.0, 0.0, 1.0]))  # only slot 4 (sequence 4) left
-    assert set(r.sample(16)[2]["reward"][0].tolist()) == {4.0}
-    assert r.replay_ratio() == pytest.approx(24 / 7)
+    slots, _, b = r.sample(16)
+    assert set(b["reward"][0].tolist()) == {4.0}
+    r.add(_seqs(5, start=7))  # every slot overwritten (slot 4 by sequence 9) after that sample
+    r.update_priorities(slots, np.zeros(16), b["generation"].numpy())  # stale: ignored
+    assert r.sampler.probability(np.array([4]))[0] == pytest.approx(0.2)  # the new sequence kept its priority
+    assert r.replay_ratio() == pytest.approx(24 / 12)  # 8 + 16 sampled, 7 + 5 inserted
 
 
 def test_a_replay_that_does_not_fit_in_memory_is_refused_naming_the_field():

@@ -48,12 +48,16 @@ def test_a_sequence_pass_equals_the_steps_the_policy_took_with_resets():
         assert not torch.allclose(broken[3, 0], params[3, 0], atol=1e-2)
 
 
-@pytest.mark.parametrize("mode,inference", [("serial", "central"), ("parallel", "central"), ("parallel", "actor")])
-def test_the_learner_trains_from_the_states_the_actors_stepped_with(cfg_factory, monkeypatch, mode, inference):
+@pytest.mark.parametrize("mode,inference,devices", [("serial", "central", 1), ("parallel", "central", 1),
+                                                    ("parallel", "actor", 1), ("parallel", "central", 2)])
+def test_the_learner_trains_from_the_states_the_actors_stepped_with(cfg_factory, monkeypatch, mode, inference,
+                                                                    devices):
     """With the weights held still (a learning rate of 1e-12), the learner's recomputed log-probabilities equal the
     behaviour policy's: |log pi/mu| stays at float noise over every update, with episodes ending inside unrolls.
     The core state lives on the inference server (central), in the actor (actor-side) or beside the learner
-    (serial); a missed reset or a state recorded off by one step shows up here as |log pi/mu| of 1e-2 or more."""
+    (serial); with two learner processes each rank's server keeps its own actors' states and DistributedDataParallel
+    runs the sequence pass. A missed reset or a state recorded off by one step shows up here as |log pi/mu| of
+    1e-2 or more."""
     import rlbalance.train as T
 
     build = T.build_model
@@ -66,8 +70,9 @@ def test_the_learner_trains_from_the_states_the_actors_stepped_with(cfg_factory,
 
     monkeypatch.setattr(T, "build_model", sharp)
     s = T.train(cfg_factory(env={"id": MEMORY_ENV}, inference={"mode": inference},
-                            learner={"core": "lstm", "core_size": 32, "learning_rate": 1e-12, "minibatches": 2},
-                            run={"mode": mode, "total_steps": 8_000, "name": f"still-{mode}-{inference}"},
+                            learner={"core": "lstm", "core_size": 32, "learning_rate": 1e-12, "minibatches": 2,
+                                     "devices": devices}, actors={"num_actors": 2},
+                            run={"mode": mode, "total_steps": 8_000, "name": f"still-{mode}-{inference}-{devices}"},
                             telemetry={"tensorboard": False, "log_interval_s": 0.1}))
     assert s["outcome"] == "completed" and s["episodes"] > 50  # (about 20 steps each: many unrolls cross one)
     rho = [r["loss/log_rho_abs"] for r in _metrics(s["run_dir"]) if "loss/log_rho_abs" in r]
@@ -77,6 +82,16 @@ def test_the_learner_trains_from_the_states_the_actors_stepped_with(cfg_factory,
 
         ev = evaluate(s["run_dir"], episodes=4, num_envs=2, progress=False)
         assert len(ev["returns"]) >= 4
+
+
+def test_a_recurrent_model_is_calibrated_and_asks_for_its_state():
+    from rlbalance.calibrate import model_flops
+
+    model = build_model(C.LearnerConfig(core="lstm", core_size=8), EnvSpec((3,), np.dtype(np.float32), 2, 1))
+    ff = build_model(C.LearnerConfig(), EnvSpec((3,), np.dtype(np.float32), 2, 1))
+    assert model_flops(model, torch.zeros(4, 3)) > model_flops(ff, torch.zeros(4, 3)) / 2 > 0
+    with pytest.raises(TypeError, match="recurrent model runs over unrolls"):
+        model(torch.zeros(4, 3))
 
 
 def test_recurrent_policies_are_refused_with_ray_actors():

@@ -282,6 +282,7 @@ class SequenceReplay:
         self.first = np.zeros((capacity, seq_len), dtype=bool)
         self.core = np.zeros((capacity, state_size), dtype=np.float32)
         self.sampler = PrioritySampler(capacity, alpha, seed)
+        self.generation = np.zeros(capacity, dtype=np.int64)  # bumped when a slot takes a new sequence
         self.next = 0
         self.filled = 0
         self.inserted = 0
@@ -295,6 +296,7 @@ class SequenceReplay:
         slots = (self.next + np.arange(n)) % self.capacity
         for name in ("obs", "action", "reward", "done", "first", "core"):
             getattr(self, name)[slots] = seqs[name]
+        self.generation[slots] += 1
         p = np.full(n, self.max_priority) if priorities is None else np.asarray(priorities, dtype=np.float64)
         self.sampler.update(slots, p)
         self.max_priority = max(self.max_priority, float(p.max(initial=0.0)))
@@ -304,16 +306,23 @@ class SequenceReplay:
         return slots
 
     def sample(self, batch: int, beta: float = 0.6) -> tuple[np.ndarray, torch.Tensor, dict[str, torch.Tensor]]:
-        """(slots, importance weights [B], the sequences time-major: [T1, B, ...], core [B, S])."""
+        """(slots, importance weights [B], the sequences time-major: [T1, B, ...], core [B, S]); ``out["generation"]``
+        identifies the sequences for ``update_priorities`` (a slot overwritten meanwhile keeps its own)."""
         slots, w = self.sampler.sample(batch, beta)
         self.sampled += batch
         out = {name: torch.from_numpy(np.ascontiguousarray(np.swapaxes(getattr(self, name)[slots], 0, 1)))
                for name in ("obs", "action", "reward", "done", "first")}
         out["core"] = torch.from_numpy(self.core[slots])
+        out["generation"] = torch.from_numpy(self.generation[slots].copy())
         return slots, torch.from_numpy(w), out
 
-    def update_priorities(self, slots: np.ndarray, priorities) -> None:
-        p = np.asarray(priorities, dtype=np.float64)
+    def update_priorities(self, slots: np.ndarray, priorities, generation=None) -> None:
+        """New priorities of sampled ``slots``; with the ``generation`` they were sampled at, those overwritten since
+        are left alone (a new sequence does not inherit its predecessor's priority)."""
+        slots, p = np.asarray(slots), np.asarray(priorities, dtype=np.float64)
+        if generation is not None:
+            live = self.generation[slots] == np.asarray(generation)
+            slots, p = slots[live], p[live]
         self.sampler.update(slots, p)
         self.max_priority = max(self.max_priority, float(p.max(initial=0.0)))
 
