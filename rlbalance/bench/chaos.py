@@ -136,7 +136,7 @@ def run_chaos(minutes: float, out: Path, seed: int = 0, fault_every_s: float | N
     name = f"chaos-{stamp}"
     run = runs / name
     runs.mkdir(parents=True, exist_ok=True)
-    log = open(out / f"{name}.log", "w")
+    log = open(runs / f"{name}.log", "w")  # (beside the run directory: console output, with host paths)
     tree = _Tree()
     faults: list[dict] = []
     stopped: set[int] = set()
@@ -307,7 +307,7 @@ def _check_run(run: Path, sessions: list[dict]) -> dict:
 
 def _baseline(common: list[str], runs: Path, name: str, seconds: float, out: Path, progress) -> dict:
     progress(f"undisturbed reference run: {seconds:.0f} s of training")
-    with open(out / f"{name}.log", "w") as log:
+    with open(runs / f"{name}.log", "w") as log:
         rc = subprocess.call(_train_cmd([*common, "--run.name", name, "--run.max_seconds", str(seconds)]),
                              stdout=log, stderr=subprocess.STDOUT)
     run = runs / name
