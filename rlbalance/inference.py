@@ -132,8 +132,7 @@ class InferenceServer(threading.Thread):
                 if self.state is None:
                     actions, logits = self.model.act(obs, self.generator)
                 else:
-                    core_in = self._recurrent_step(idx, obs)
-                    actions, logits = self._answer
+                    actions, logits, core_in = self._recurrent_step(idx, obs)
                 if self.pinned is not None:
                     self._ev[1].record()
                 version = self.version_fn()
@@ -156,18 +155,17 @@ class InferenceServer(threading.Thread):
                         self._dead.add(i)
             self.batch_sizes.append(len(ids) * self.k)
 
-    def _recurrent_step(self, idx: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    def _recurrent_step(self, idx: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of a recurrent policy for clients ``idx``: their envs' states (reset where the actor flagged an
-        episode's first observation) in, the new states stored; returns the states the step started from (the
-        actor records them at the start of each unroll). The actions and logits are left in ``_answer``."""
+        episode's first observation) in, the new states stored; returns the actions, the logits and the states the
+        step started from (the actor records them at the start of each unroll)."""
         with torch.inference_mode():
             dev_idx = idx.to(self.device)
             first = self.slots.first[idx].reshape(-1).to(self.device)
             state = self.state[dev_idx].reshape(len(idx) * self.k, -1)
             actions, logits, core_in, state_out = self.model.act_recurrent(obs, state, first, self.generator)
             self.state[dev_idx] = state_out.view(len(idx), self.k, -1)
-        self._answer = (actions, logits)
-        return core_in
+        return actions, logits, core_in
 
     def stop(self) -> None:
         self.stop_event.set()

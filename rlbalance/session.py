@@ -72,12 +72,15 @@ def update_figures(batch: dict[str, torch.Tensor], stats: dict[str, float], upda
     return rets, lens, float(updates - 1 - batch["version"].float().mean())
 
 
-def _timed(warm: RoleShares | None, whole: RoleShares | None) -> RoleShares:
-    """The figures after warm-up where the learner has timed stages there, else the whole run's (a run about as
-    short as the warm-up may have only a stage-less last report after it)."""
-    if warm is not None and sum(warm.seconds.get("learner", {}).values()) > 0:
-        return warm
-    return whole if whole is not None else RoleShares()
+def _timed(warm: RoleShares | None, whole: RoleShares | None) -> tuple[RoleShares, bool]:
+    """(The figures to report, whether they are the after-warm-up ones): those after warm-up where the learner has
+    timed stages there, else the whole run's (a run about as short as the warm-up may have only a stage-less last
+    report after it); a role that reported only before the warm-up keeps its whole-run figures."""
+    whole = whole if whole is not None else RoleShares()
+    if warm is None or sum(warm.seconds.get("learner", {}).values()) <= 0:
+        return whole, False
+    missing = set(whole.seconds) - set(warm.seconds)
+    return (warm.with_roles(whole, missing) if missing else warm), True
 
 
 STRAGGLER_GAP = 0.15  # a learner rank waiting for its actors' data this much more of its time than the others
@@ -252,11 +255,7 @@ class Session:
 
     def telemetry(self) -> dict:
         hw = self.sampler.summary() if self.sampler is not None else {}
-        cum = _timed(self.cumulative, self.cumulative_all)
-        warm = cum is self.cumulative
-        missing = set(self.cumulative_all.seconds) - set(cum.seconds)
-        if missing:  # a role that reported only before the warm-up ended (a short run) keeps its whole-run figures
-            cum = cum.with_roles(self.cumulative_all, missing)
+        cum, warm = _timed(self.cumulative, self.cumulative_all)
         shares = cum.shares()
         machine = {"gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
                    "learner_device": str(self.learner.device)}
@@ -296,10 +295,7 @@ class Session:
             faults = self.rank_actor_faults.get(r) or (
                 {"actor_restarts": self.actor_pool.restarts,
                  "actor_seconds_lost": self.actor_pool.pending_lost_seconds()} if r == 0 and self.actor_pool else {})
-            shares, whole = _timed(self.rank_shares.get(r), self.rank_shares_all.get(r)), self.rank_shares_all.get(r)
-            missing = set(whole.seconds) - set(shares.seconds) if whole is not None else set()
-            if missing:  # a role that reported only before the warm-up keeps its whole-run figures, as for the run
-                shares = shares.with_roles(whole, missing)
+            shares, _ = _timed(self.rank_shares.get(r), self.rank_shares_all.get(r))
             out[str(r)] = {"stage_shares": shares.shares(),
                            "inference_batch_mean": sum(k * v for k, v in b.items()) / n if n else None,
                            "inference_batch_sizes": {str(k): v for k, v in sorted(b.items())}, **faults}
