@@ -129,11 +129,20 @@ def test_two_learner_ranks_each_serve_their_own_ray_actors(cluster, cfg_factory)
 HANG_TIMEOUT = 8.0  # short enough for a quick test, long enough that load rarely makes a healthy actor look hung
 
 
+def _fault_actors(fault: str) -> dict:
+    """A hang is seen only when the run is still going heartbeat_timeout_s after it: with a second actor the run
+    could finish first on a quiet machine (a clean-clone CI run did: no fault recorded). With one actor the run
+    cannot go on until the hung actor is found and restarted."""
+    if fault.startswith("hang"):
+        return {"num_actors": 1, "heartbeat_timeout_s": HANG_TIMEOUT}
+    return {"heartbeat_timeout_s": 30.0}
+
+
 @pytest.mark.parametrize("fault", ["kill:300", "hang:300"])
 def test_ray_actor_fault_is_restarted(cfg_factory, fault):
     s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 20.0, "synthetic_fault": fault},
                           ray={"address": "local", "num_cpus": 2},
-                          actors={"heartbeat_timeout_s": HANG_TIMEOUT if fault.startswith("hang") else 30.0},
+                          actors=_fault_actors(fault),
                           run={"total_steps": 60_000, "name": fault.split(":")[0]}, telemetry={"tensorboard": False}))
     assert s["outcome"] == "completed" and s["steps"] >= 60_000
     # the fault is armed in actor 0's first life: that actor is restarted, for the right reason
