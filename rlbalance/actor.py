@@ -41,15 +41,19 @@ class UnrollWriter:
     at x_t, then what stepping the envs gave. Used where the envs are stepped in this process
     (``Rollout``) and where they are stepped elsewhere (the Ray runner's learner-side record)."""
 
-    def __init__(self, k: int, obs: np.ndarray):
-        self.k, self.obs = k, obs
+    def __init__(self, k: int, obs: np.ndarray, client: int = 0):
+        self.k, self.obs, self.client = k, obs, client
         self.first = np.ones(k, dtype=bool)  # obs starts an episode: after a reset, and after done or truncated
         self.buf: UnrollView | None = None
         self.t = 0
         self.steps = 0
+        self.unrolls = 0  # unrolls begun: consecutive numbers mark consecutive unrolls of the same envs
 
     def begin(self, buf: UnrollView) -> None:
         self.buf, self.t = buf, 0
+        buf.client[...] = self.client
+        buf.unroll[...] = self.unrolls
+        self.unrolls += 1
 
     def record_action(self, action: np.ndarray, logits: np.ndarray, version: int,
                       core_in: np.ndarray | None = None) -> None:
@@ -90,12 +94,12 @@ class UnrollWriter:
 class Rollout(UnrollWriter):
     """One env group stepped in this process, and its place in the current unroll buffer."""
 
-    def __init__(self, envs: EnvBatch, policy: Policy, timer: StageTimer | None = None):
+    def __init__(self, envs: EnvBatch, policy: Policy, timer: StageTimer | None = None, client: int = 0):
         self.envs, self.policy = envs, policy
         self.timer = timer or StageTimer()
         with self.timer.stage("reset"):
             obs = envs.reset()
-        super().__init__(envs.k, obs)
+        super().__init__(envs.k, obs, client)
         policy.request(self.obs, self.first)
 
     def step(self) -> bool:
@@ -310,7 +314,7 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
             model = build_model(cfg.learner, envs[0].spec)
             local = LocalModel(model, sh.weights, cfg.inference.sync_every, client_seed(cfg, clients[0]))
             policies = [local.policy(cfg.actors.envs_per_actor) for _ in clients]
-        rollouts = [Rollout(e, p, timer) for e, p in zip(envs, policies)]
+        rollouts = [Rollout(e, p, timer, c) for e, p, c in zip(envs, policies, clients)]
         owned = [link.take(timer) for _ in rollouts]
         for r, idx in zip(rollouts, owned):
             r.begin(sh.buffers.view(idx))

@@ -40,6 +40,8 @@ class RolloutBuffers:
     ep_length: torch.Tensor  # [n, T+1, K] int64: that game's length where ep_end
     version: torch.Tensor   # [n] int64: policy version (learner updates) that started the unroll
     core: torch.Tensor      # [n, K, S] float32: a recurrent policy's state at row 0 (S = 0: feed-forward)
+    client: torch.Tensor    # [n] int64: the env group that filled it (its envs are known by (client, column))
+    unroll: torch.Tensor    # [n] int64: that group's unroll number (consecutive unrolls of an env follow on)
 
     @classmethod
     def allocate(cls, n: int, t: int, k: int, spec: EnvSpec, shared: bool, core_size: int = 0) -> "RolloutBuffers":
@@ -60,6 +62,8 @@ class RolloutBuffers:
             ep_length=z((n, t + 1, k), torch.int64),
             version=z((n,), torch.int64),
             core=z((n, k, core_size), torch.float32),
+            client=z((n,), torch.int64),
+            unroll=z((n,), torch.int64),
         )
 
     def view(self, i: int) -> "UnrollView":
@@ -70,12 +74,14 @@ class RolloutBuffers:
         """Copy buffers ``idx`` into one time-major batch [T+1, len(idx)*K, ...]."""
         out = {}
         for f in fields(self):
-            if f.name in ("version", "core"):
+            if f.name in ("version", "core", "client", "unroll"):
                 continue
             x = getattr(self, f.name)[idx]  # [b, T+1, K, ...] (a copy)
             x = x.transpose(0, 1)
             out[f.name] = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
         out["version"] = self.version[idx].clone()
+        out["client"] = self.client[idx].clone()
+        out["unroll"] = self.unroll[idx].clone()
         core = self.core[idx]  # [b, K, S]: columns in the order of the time-major rows above
         out["core"] = core.reshape(core.shape[0] * core.shape[1], *core.shape[2:])
         return out
@@ -95,6 +101,8 @@ class UnrollView:
     ep_length: np.ndarray
     version: np.ndarray  # 0-d
     core: np.ndarray     # [K, S]
+    client: np.ndarray   # 0-d
+    unroll: np.ndarray   # 0-d
 
 
 @dataclass

@@ -44,6 +44,7 @@ INFERENCE_MODES = ("central", "actor")
 MODELS = ("auto", "mlp", "nature_cnn")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("parallel", "serial")
+AGENTS = ("vtrace", "r2d2")
 WANDB_MODES = ("off", "offline", "online")
 
 
@@ -170,6 +171,11 @@ class InferenceConfig:
 class LearnerConfig:
     """The V-trace actor-critic learner."""
 
+    agent: str = _f("vtrace", "The learning algorithm: 'vtrace' (IMPALA's V-trace actor-critic, or APPO with "
+                    "learner.ppo_clip) or 'r2d2' (recurrent replay distributed DQN, as SEED RL runs it on Atari; its "
+                    "own settings are in the r2d2 section, and it takes learner.learning_rate, adam_eps, "
+                    "max_grad_norm, discount, core_size, hidden_sizes and unroll_length (the replay period) from "
+                    "here, with R2D2's values unless given).")
     device: str = _f("auto", "Learner device: 'auto' (cuda when available, else cpu), 'cpu' or 'cuda'.")
     devices: int = _f(1, "Learner devices, data parallel (see learner.data_parallel): cuda:0..N-1, or N CPU learners.")
     data_parallel: str = _f("auto", "How N learner devices share the work: 'ddp' (or 'auto', the same), one learner "
@@ -221,9 +227,10 @@ class LearnerConfig:
     @property
     def core_units(self) -> int:
         """The recurrent core's units (0: feed-forward), the last size of every stored core state."""
-        return self.core_size if self.core == "lstm" else 0
+        return self.core_size if self.core == "lstm" or self.agent == "r2d2" else 0
 
     def __post_init__(self) -> None:
+        _require(self.agent in AGENTS, "learner.agent", self.agent, f"one of {AGENTS}")
         _require(self.device in DEVICES, "learner.device", self.device, f"one of {DEVICES}")
         _require(self.model in MODELS, "learner.model", self.model, f"one of {MODELS}")
         _require(len(self.hidden_sizes) >= 1 and all(h >= 1 for h in self.hidden_sizes),
@@ -258,6 +265,52 @@ class LearnerConfig:
                                       "device does what it did)" if self.data_parallel == "threads" else ""))
         _require(self.lr_scaling in ("none", "linear", "sqrt"), "learner.lr_scaling", self.lr_scaling,
                  "'none', 'linear' or 'sqrt'")
+
+
+@dataclass(frozen=True)
+class R2D2Config:
+    """R2D2's own settings (learner.agent=r2d2): Kapturowski et al. 2019 and SEED RL's Atari values by default."""
+
+    sequence_length: int = _f(80, "Rows of each stored sequence the loss is taken on (after its burn-in); a multiple "
+                              "of learner.unroll_length, the replay period (a new sequence every period per env, so "
+                              "consecutive sequences overlap by sequence_length - period rows).")
+    burn_in: int = _f(40, "Rows before each sequence that only warm the recurrent state up from the stored state (no "
+                      "loss there); a multiple of learner.unroll_length (0: none).")
+    n_step: int = _f(5, "n of the n-step double Q-learning targets.")
+    batch_size: int = _f(64, "Sequences per gradient step, drawn from the replay.")
+    replay_size: int = _f(10_000, "Sequences the replay holds (the oldest overwritten); refused before the run starts "
+                          "when they would not fit in the free memory.")
+    replay_ratio: float = _f(1.0, "Sequences sampled per sequence inserted (Acme's samples per insert): the learner "
+                             "trains until it has sampled this many per sequence the actors delivered, and actors "
+                             "wait for it where it is slower. Each env step is in sequence_length / period "
+                             "sequences, so it is learned from about ratio x that many times.")
+    learning_starts: int = _f(1_000, "Sequences in the replay before the first gradient step.")
+    target_update_every: int = _f(2_500, "Gradient steps between copies of the online network into the target "
+                                  "network.")
+    priority_exponent: float = _f(0.9, "alpha: sampling probability proportional to priority ** alpha.")
+    importance_exponent: float = _f(0.6, "beta: importance weights (N P(i)) ** -beta, normalised by their batch "
+                                    "maximum.")
+    priority_eta: float = _f(0.9, "Sequence priority eta max|td| + (1 - eta) mean|td|.")
+    epsilon_base: float = _f(0.4, "Exploration ladder: env i of N acts epsilon-greedily with base ** (1 + alpha i / "
+                             "(N - 1)) (Ape-X, R2D2).")
+    epsilon_alpha: float = _f(7.0, "Exploration ladder exponent alpha (see r2d2.epsilon_base).")
+    rescale_eps: float = _f(1e-3, "epsilon of the invertible value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + eps x.")
+
+    def __post_init__(self) -> None:
+        for name in ("sequence_length", "n_step", "batch_size", "replay_size", "target_update_every"):
+            _require(getattr(self, name) >= 1, f"r2d2.{name}", getattr(self, name), "must be >= 1")
+        _require(self.burn_in >= 0, "r2d2.burn_in", self.burn_in, "must be >= 0")
+        _require(self.n_step < self.sequence_length, "r2d2.n_step", self.n_step,
+                 f"must be below r2d2.sequence_length={self.sequence_length}")
+        _require(self.replay_ratio > 0, "r2d2.replay_ratio", self.replay_ratio, "must be > 0")
+        _require(self.batch_size <= self.learning_starts <= self.replay_size, "r2d2.learning_starts",
+                 self.learning_starts, f"must be in [r2d2.batch_size={self.batch_size}, "
+                 f"r2d2.replay_size={self.replay_size}]")
+        for name in ("priority_exponent", "importance_exponent", "priority_eta"):
+            _require(0.0 <= getattr(self, name) <= 1.0, f"r2d2.{name}", getattr(self, name), "must be in [0, 1]")
+        _require(0.0 <= self.epsilon_base <= 1.0, "r2d2.epsilon_base", self.epsilon_base, "must be in [0, 1]")
+        _require(self.epsilon_alpha >= 0, "r2d2.epsilon_alpha", self.epsilon_alpha, "must be >= 0")
+        _require(self.rescale_eps > 0, "r2d2.rescale_eps", self.rescale_eps, "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -371,6 +424,7 @@ class Config:
     actors: ActorsConfig = field(default_factory=ActorsConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    r2d2: R2D2Config = field(default_factory=R2D2Config)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     run: RunConfig = field(default_factory=RunConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -399,6 +453,8 @@ class Config:
             _require(not self.ray.enabled, "learner.core", self.learner.core,
                      "recurrent policies run with local actor processes or run.mode=serial (Ray actors do not carry "
                      "core states yet): drop ray.address, or use learner.core=none")
+        if self.learner.agent == "r2d2":
+            self._check_r2d2()
         n = self.learner.devices
         if n > 1:
             _require(not (self.ray.enabled and self.ray.address == "local"), "ray.address", self.ray.address,
@@ -412,6 +468,21 @@ class Config:
             except ConfigError as e:
                 raise ConfigError(f"per learner process ({self.actors.num_actors // n} of the "
                                   f"{self.actors.num_actors} actors each, learner.devices={n}): {e}") from None
+
+    def _check_r2d2(self) -> None:
+        period, r = self.learner.unroll_length, self.r2d2
+        for name in ("sequence_length", "burn_in"):
+            v = getattr(r, name)
+            _require(v % period == 0, f"r2d2.{name}", v, f"must be a multiple of learner.unroll_length={period} "
+                     "(the replay period: sequences are made of whole consecutive unrolls)")
+        _require(self.learner.core == "lstm", "learner.core", self.learner.core,
+                 "R2D2 runs a recurrent core: use learner.core=lstm (the r2d2 preset sets it)")
+        _require(self.inference.mode == "central", "inference.mode", self.inference.mode,
+                 "learner.agent=r2d2 acts through the central inference server (SEED's way): use inference.mode=central")
+        _require(not self.ray.enabled, "ray.address", self.ray.address,
+                 "learner.agent=r2d2 runs with local actor processes or run.mode=serial: drop ray.address")
+        _require(self.learner.devices == 1, "learner.devices", self.learner.devices,
+                 "learner.agent=r2d2 trains on one learner device: use learner.devices=1")
 
     @property
     def ddp(self) -> bool:
@@ -552,8 +623,9 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     name = coerce("run", "preset", (overrides.get("run") or {}).get("preset", RunConfig.preset))
     imports = tuple(coerce("env", "imports", (overrides.get("env") or {}).get("imports", EnvConfig.imports)))
     name = presets.resolve(name, env_id, imports)  # an unknown name has no layer; RunConfig refuses it by name
+    agent = coerce("learner", "agent", (overrides.get("learner") or {}).get("agent", LearnerConfig.agent))
     user_buffers = "buffers_per_actor" in (overrides.get("actors") or {})
-    overrides = merge(presets.layer(name, env_id), overrides, {"run": {"preset": name}})
+    overrides = merge(presets.layer(name, env_id, agent), overrides, {"run": {"preset": name}})
     sections = {}
     for sec, cls in SECTIONS.items():
         vals = {k: coerce(sec, k, v) for k, v in (overrides.get(sec) or {}).items()}

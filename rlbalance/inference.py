@@ -42,6 +42,8 @@ class InferenceServer(threading.Thread):
         if getattr(model, "recurrent", False):
             with torch.inference_mode():
                 self.state = model.initial_state(len(conns) * self.k, device).view(len(conns), self.k, -1)
+        # R2D2: each env's exploration rate [clients, K] on the device (epsilon-greedy over Q); None: the policy samples
+        self.epsilon: torch.Tensor | None = None
         self._conn_index = {id(c): i for i, c in enumerate(conns)}
         self._lock = threading.Lock()
         self._dead: set[int] = set()  # clients whose channel closed (a dead actor) until replaced
@@ -163,7 +165,8 @@ class InferenceServer(threading.Thread):
             dev_idx = idx.to(self.device)
             first = self.slots.first[idx].reshape(-1).to(self.device)
             state = self.state[dev_idx].reshape(len(idx) * self.k, -1)
-            actions, logits, core_in, state_out = self.model.act_recurrent(obs, state, first, self.generator)
+            extra = {} if self.epsilon is None else {"epsilon": self.epsilon[dev_idx].reshape(-1)}
+            actions, logits, core_in, state_out = self.model.act_recurrent(obs, state, first, self.generator, **extra)
             self.state[dev_idx] = state_out.view(len(idx), self.k, -1)
         return actions, logits, core_in
 

@@ -12,6 +12,7 @@ from .model import ActorCritic
 from .vtrace import vtrace
 
 BATCH_KEYS = ("obs", "action", "logits", "reward", "done", "truncated", "final_obs")
+PER_BUFFER_KEYS = ("version", "client", "unroll")  # one value per buffer of the batch, not per unroll column
 
 
 class NonFiniteLossError(RuntimeError):
@@ -165,7 +166,7 @@ class Learner:
             for cols in order.chunk(m):
                 ta = time.perf_counter()
                 mb = b if m == 1 else {k: v[cols.to(v.device)] if k == "core" else v[:, cols.to(v.device)]
-                                       for k, v in b.items() if k != "version"}
+                                       for k, v in b.items() if k not in PER_BUFFER_KEYS}
                 targets = None if epoch == 0 else (vs[:, cols], adv[:, cols])
                 total, stats, (mvs, madv) = self.loss(mb, targets=targets)
                 if epoch == 0 and cfg.epochs > 1:

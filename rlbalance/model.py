@@ -236,20 +236,35 @@ def resolve_model(cfg: LearnerConfig, spec: EnvSpec) -> str:
 
 def build_model(cfg: LearnerConfig, spec: EnvSpec) -> ActorCritic:
     kind = resolve_model(cfg, spec)
+    if cfg.agent == "r2d2":
+        from .agents.r2d2 import R2D2Net
+
+        if spec.action.kind != "discrete":
+            raise ConfigError(f"learner.agent=r2d2 needs a Discrete action space (Q-learning over actions); this env "
+                              f"has {spec.action.describe()}: use learner.agent=vtrace")
+        if kind == "nature_cnn":
+            _check_cnn_shape(spec)
+        return R2D2Net(spec.obs_shape, spec.num_actions, cfg.hidden_sizes, cfg.core_size, cnn=kind == "nature_cnn")
     if kind == "mlp":
         in_dim = int(np.prod(spec.obs_shape))
         norm = ObsNorm(tuple(spec.obs_shape)) if cfg.normalize_observations else None
         return ActorCritic(_mlp(in_dim, cfg.hidden_sizes), cfg.hidden_sizes[-1], spec.action,
                            value_torso=_mlp(in_dim, cfg.hidden_sizes), obs_norm=norm, core_size=cfg.core_units)
-    if len(spec.obs_shape) != 3 or spec.obs_shape[1] < 36 or spec.obs_shape[2] < 36:
-        raise ConfigError(f"learner.model='nature_cnn' needs observations shaped [channels, H, W] with H, W >= 36; "
-                          f"this env gives {list(spec.obs_shape)}: use learner.model=mlp")
+    _check_cnn_shape(spec)
     torso, out = _nature_cnn(spec.obs_shape[0], spec.obs_shape[1])
     return ActorCritic(torso, out, spec.action, core_size=cfg.core_units)
 
 
+def _check_cnn_shape(spec: EnvSpec) -> None:
+    if len(spec.obs_shape) != 3 or spec.obs_shape[1] < 36 or spec.obs_shape[2] < 36:
+        raise ConfigError(f"learner.model='nature_cnn' needs observations shaped [channels, H, W] with H, W >= 36; "
+                          f"this env gives {list(spec.obs_shape)}: use learner.model=mlp")
+
+
 def core_state_size(cfg: LearnerConfig, spec: EnvSpec) -> int:
     """The size of one env's recurrent state for this model (0: feed-forward): what buffers and slots hold."""
+    if cfg.agent == "r2d2":  # one LSTM (h, c) between the torso and the dueling head
+        return 2 * cfg.core_size
     return cfg.core_units * (4 if resolve_model(cfg, spec) == "mlp" else 2)
 
 

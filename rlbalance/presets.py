@@ -104,10 +104,35 @@ ENV_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def layer(name: str, env_id: str = "") -> dict[str, Any]:
-    """The overrides of preset ``name`` ('none': no overrides), with the env's own settings where it has some."""
+# R2D2 (learner.agent=r2d2) on top of a family preset: the learner fields it shares with V-trace take R2D2's values
+# (Kapturowski et al. 2019, Table 2, as SEED RL runs it: Adam 1e-4, eps 1e-3, discount 0.997, LSTM 512 on Atari,
+# value rescaling in place of reward clipping, a replay period of 40 steps; the r2d2 section's defaults hold the rest).
+AGENT_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "r2d2": {"learner": {"core": "lstm", "core_size": 512, "learning_rate": 1e-4, "adam_eps": 1e-3,
+                         "lr_schedule": "constant", "max_grad_norm": 80.0, "discount": 0.997, "unroll_length": 40,
+                         "reward_clip": 0.0, "epochs": 1, "minibatches": 1}},
+}
+
+# R2D2 per env family, on top of AGENT_PRESETS["r2d2"]: small tasks get a small core, short sequences, a quick target
+# net and a replay ratio that makes up for the few sequences a short run delivers. Justification: tests/test_r2d2.py.
+AGENT_FAMILY_PRESETS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
+    ("r2d2", "classic"): {
+        "learner": {"core_size": 64, "learning_rate": 1e-3, "discount": 0.99, "unroll_length": 10},
+        "r2d2": {"sequence_length": 20, "burn_in": 10, "n_step": 3, "batch_size": 32, "replay_size": 2_000,
+                 "learning_starts": 100, "target_update_every": 100, "replay_ratio": 4.0},
+    },
+}
+AGENT_FAMILY_PRESETS[("r2d2", "toy")] = AGENT_FAMILY_PRESETS[("r2d2", "classic")]  # (CartPoleNoVelocity, Catch)
+
+
+def layer(name: str, env_id: str = "", agent: str = "vtrace") -> dict[str, Any]:
+    """The overrides of preset ``name`` ('none': no overrides), with the env's own settings where it has some, and
+    an agent's own (learner.agent) over them."""
     out = {sec: dict(vals) for sec, vals in PRESETS.get(name, {}).items()}
     if name in PRESETS:
         for sec, vals in ENV_PRESETS.get(env_id.partition(":")[2] if ":" in env_id else env_id, {}).items():
             out.setdefault(sec, {}).update(vals)
+        for extra in (AGENT_PRESETS.get(agent, {}), AGENT_FAMILY_PRESETS.get((agent, name), {})):
+            for sec, vals in extra.items():
+                out.setdefault(sec, {}).update(vals)
     return out

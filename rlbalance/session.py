@@ -24,9 +24,12 @@ from .verdict import decide
 
 def checkpoint_identity(cfg: Config, spec: EnvSpec) -> dict:
     """What a checkpoint belongs to: written into every checkpoint, checked before one is loaded."""
-    return {"env": cfg.env.id, "obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
-            "num_actions": spec.num_actions, "action_space": spec.action.describe(),
-            "model": resolve_model(cfg.learner, spec)}
+    ident = {"env": cfg.env.id, "obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
+             "num_actions": spec.num_actions, "action_space": spec.action.describe(),
+             "model": resolve_model(cfg.learner, spec)}
+    if cfg.learner.agent != "vtrace":  # (V-trace checkpoints from before agents were named carry no agent)
+        ident["agent"] = cfg.learner.agent
+    return ident
 
 
 class RoleShares:
@@ -65,8 +68,9 @@ def update_figures(batch: dict[str, torch.Tensor], stats: dict[str, float], upda
     the one trained); the update's stage times go into ``timer`` and ``gpu_timer``."""
     end = batch["ep_end"][:-1].numpy()
     rets, lens = batch["ep_return"][:-1].numpy()[end], batch["ep_length"][:-1].numpy()[end]
-    for k in ("time_h2d", "time_fwd_bwd", "time_optim"):
-        timer.add(k.removeprefix("time_"), stats[k])
+    for k, v in stats.items():  # h2d, fwd_bwd, optim (and R2D2's replay_insert, replay_sample, priority_update)
+        if k.startswith("time_") and k != "time_gpu_train":
+            timer.add(k.removeprefix("time_"), v)
     if "time_gpu_train" in stats:
         gpu_timer.add("train", stats["time_gpu_train"])
     return rets, lens, float(updates - 1 - batch["version"].float().mean())
@@ -274,6 +278,9 @@ class Session:
             if straggler:
                 verdict["straggler"] = straggler
                 verdict["evidence"] += "; " + straggler["evidence"]
+        replay = getattr(self.learner, "replay_figures", None)
+        if replay is not None:  # R2D2: what the replay did, and whether the asked ratio held
+            self.extra_info["replay"] = replay()
         return {"stage_shares": shares, "hardware": hw, "verdict": verdict, "latency_ms": latencies,
                 "transport": transport,
                 "verdict_timeline": self.verdicts,
@@ -358,7 +365,8 @@ class Session:
             "verdict_advice": tel["verdict"]["advice"], "stage_shares": tel["stage_shares"],
             "node_power_w": hw.get("node_power_w"), "cpu_util_mean": hw.get("cpu_util_mean"),
             "checkpoint": str(ckpt), "run_dir": str(self.run.path),
-            "actors_on": "ray" if self.cfg.ray.enabled else "local processes",
+            "actors_on": "ray" if self.cfg.ray.enabled else "local processes", "agent": self.cfg.learner.agent,
+            **({"replay": tel["replay"]} if "replay" in tel else {}),
             "nodes": tel["nodes"],
             **({"learner_ranks": {r: {"inference_batch_mean": v["inference_batch_mean"],
                                       "stage_shares": v["stage_shares"]} for r, v in tel["learner_ranks"].items()}}

@@ -40,14 +40,20 @@ def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -
             actions, logits = learner.model.act(torch.from_numpy(obs).to(device), gen)
             return actions.cpu().numpy(), logits.cpu().numpy()
 
-        def act_recurrent(obs, first, state):
-            actions, logits, core_in, state = learner.model.act_recurrent(
-                torch.from_numpy(obs).to(device), state, torch.from_numpy(first).to(device), gen)
-            return actions.cpu().numpy(), logits.cpu().numpy(), core_in, state
+        eps = exploration(cfg, device)
+
+        def act_recurrent_of(c: int):
+            extra = {} if eps is None else {"epsilon": eps[c]}
+
+            def act_recurrent(obs, first, state):
+                actions, logits, core_in, state = learner.model.act_recurrent(
+                    torch.from_numpy(obs).to(device), state, torch.from_numpy(first).to(device), gen, **extra)
+                return actions.cpu().numpy(), logits.cpu().numpy(), core_in, state
+            return act_recurrent
 
         if learner.model.recurrent:
-            policies = [DirectPolicy(act_recurrent, lambda: learner.updates, learner.model.initial_state(k, device))
-                        for _ in range(cfg.num_clients)]
+            policies = [DirectPolicy(act_recurrent_of(c), lambda: learner.updates,
+                                     learner.model.initial_state(k, device)) for c in range(cfg.num_clients)]
         else:
             policies = [DirectPolicy(act, lambda: learner.updates) for _ in range(cfg.num_clients)]
     else:
@@ -57,7 +63,8 @@ def run_serial(cfg: Config, spec: EnvSpec, learner: Learner, session: Session) -
             local = LocalModel(build_model(cfg.learner, spec), weights, cfg.inference.sync_every,
                                client_seed(cfg, a * g))
             policies += [local.policy(k) for _ in range(g)]
-    rollouts = [Rollout(EnvBatch(cfg.env, k, client_seed(cfg, c)), policies[c]) for c in range(cfg.num_clients)]
+    rollouts = [Rollout(EnvBatch(cfg.env, k, client_seed(cfg, c)), policies[c], client=c)
+                for c in range(cfg.num_clients)]
     nb = cfg.buffers_per_batch
     buffers = RolloutBuffers.allocate(nb, cfg.learner.unroll_length, k, spec, shared=False,
                                       core_size=core_state_size(cfg.learner, spec))
@@ -95,6 +102,7 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
         server = InferenceServer(learner.model, sh.slots, list(pool.parent_conns), learner.device, k,
                                  cfg.inference.max_batch, cfg.inference.max_wait_ms, session.model_lock,
                                  lambda: learner.updates, cfg.run.seed, cfg.telemetry.stage_timers)
+        server.epsilon = exploration(cfg, learner.device)
         pool.server = server
         server.start()
     session.actor_pool = pool
@@ -119,6 +127,18 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner: Learner, session: Session)
     finally:
         pool.stop()
         _drain_stats(pool, session, server, final=True)
+
+
+def exploration(cfg: Config, device: torch.device) -> torch.Tensor | None:
+    """R2D2's exploration rate of every env [clients, K] (Ape-X's ladder over all the run's envs); None for V-trace,
+    whose policy samples its own actions."""
+    if cfg.learner.agent != "r2d2":
+        return None
+    from .agents.r2d2 import epsilon_ladder
+
+    k = cfg.actors.envs_per_actor
+    eps = epsilon_ladder(cfg.num_clients * k, cfg.r2d2.epsilon_base, cfg.r2d2.epsilon_alpha)
+    return torch.as_tensor(eps, dtype=torch.float32, device=device).view(cfg.num_clients, k)
 
 
 def take_full(session: Session, full_q, nb: int, while_waiting) -> list[int]:
@@ -218,8 +238,7 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
             run.unlock()
             raise
     try:
-        learner = Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=model_lock,
-                          distributed=ranks is not None)
+        learner = make_learner(model, cfg, spec, device, step_lock=model_lock, distributed=ranks is not None)
         if state is not None:
             learner.load_state_dict(state)
             episodes.returns.extend(state.get("episodes_returns", []))
@@ -275,6 +294,16 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.default_int_handler)
     return summary
+
+
+def make_learner(model: torch.nn.Module, cfg: Config, spec: EnvSpec, device: torch.device, step_lock=None,
+                 distributed: bool = False):
+    """The learner of ``cfg.learner.agent``: the V-trace ``Learner`` or the R2D2 agent (one interface)."""
+    if cfg.learner.agent == "r2d2":
+        from .agents.r2d2 import R2D2Agent
+
+        return R2D2Agent(model, cfg, device, spec.obs_shape, spec.obs_dtype, step_lock=step_lock)
+    return Learner(model, cfg.learner, device, cfg.run.total_steps, step_lock=step_lock, distributed=distributed)
 
 
 def check_checkpoint_fits(state: dict, cfg: Config, spec: EnvSpec, model: torch.nn.Module, path) -> None:

@@ -1,6 +1,8 @@
 """R2D2's algorithm pieces (rlbalance.agents.r2d2) against slow references written from the paper."""
 
+import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -129,9 +131,9 @@ def test_dueling_head_and_epsilon_greedy_actions():
     net = R2D2Net((3,), 4, hidden_sizes=(16,), core_size=8)
     obs, state = torch.randn(200, 3), net.initial_state(200)
     first = torch.ones(200, dtype=torch.bool)
-    greedy, q, state_in, _ = net.act(obs, state, first, torch.zeros(200))
+    greedy, q, state_in, _ = net.act_recurrent(obs, state, first, None, torch.zeros(200))
     assert torch.equal(greedy, q.argmax(-1)) and torch.count_nonzero(state_in) == 0
-    random, _, _, _ = net.act(obs, state, first, torch.ones(200), torch.Generator().manual_seed(1))
+    random, _, _, _ = net.act_recurrent(obs, state, first, torch.Generator().manual_seed(1), torch.ones(200))
     assert (random != greedy).float().mean() > 0.5  # epsilon 1: uniform over 4 actions
     h = torch.randn(5, 8)
     adv = net.advantage(h)
@@ -219,3 +221,119 @@ def test_a_replay_that_does_not_fit_in_memory_is_refused_naming_the_field():
 
     with pytest.raises(ConfigError, match=r"r2d2.replay_sequences=1000000000 is invalid: .* GiB .* use at most"):
         SequenceReplay(10**9, 80, (4, 84, 84), np.uint8, 1024, field="r2d2.replay_sequences")
+
+
+# -- R2D2 in the runners (learner.agent=r2d2) -------------------------------------------------------------------
+
+def _unroll_batch(t, k, clients, unrolls, start_rows, obs_dim=2, cut_at=()):
+    """A batch of len(clients) buffers of k envs whose row r of env e holds the step number start + r in obs[0] and
+    e in obs[1] (a trajectory one can read back), as RolloutBuffers.gather lays it out."""
+    n = len(clients) * k
+    obs = torch.zeros(t + 1, n, obs_dim)
+    for i, start in enumerate(start_rows):
+        for e in range(k):
+            obs[:, i * k + e, 0] = torch.arange(start, start + t + 1, dtype=torch.float32)
+            obs[:, i * k + e, 1] = e
+    done = torch.zeros(t + 1, n, dtype=torch.bool)
+    for row, col in cut_at:
+        done[row, col] = True
+    return {"obs": obs, "action": obs[..., 0].long() % 3, "reward": obs[..., 0].clone(), "done": done,
+            "truncated": torch.zeros_like(done), "core": torch.stack([torch.full((4,), float(s))
+                                                                      for s in start_rows for _ in range(k)]),
+            "client": torch.tensor(clients), "unroll": torch.tensor(unrolls)}
+
+
+def test_sequences_are_consecutive_unrolls_of_one_env_with_the_first_ones_start_state():
+    from rlbalance.agents.r2d2 import SequenceAssembler
+
+    t, k = 4, 2
+    asm = SequenceAssembler(units=3)
+    # client 0's unrolls 0, 1 (rows 0..3, 4..7) and client 1's unroll 0, out of order within the batch
+    assert asm.add(_unroll_batch(t, k, [1, 0, 0], [0, 1, 0], [100, 4, 0])) is None  # no env has 3 unrolls yet
+    seqs = asm.add(_unroll_batch(t, k, [0], [2], [8], cut_at=[(1, 1)]))  # client 0's third: one sequence per env
+    assert seqs["obs"].shape == (2, 3 * t + 1, 2)
+    for e in range(k):
+        assert seqs["obs"][e, :, 0].tolist() == list(range(0, 13)) and set(seqs["obs"][e, :, 1].tolist()) == {e}
+        assert seqs["core"][e].tolist() == [0.0] * 4  # the state unroll 0 started from
+    assert seqs["action"][0, :-1].tolist() == [r % 3 for r in range(12)] and seqs["action"][0, -1] == 0
+    # env 1 of the third unroll ended after its row 1 (sequence row 9): row 10 starts an episode
+    assert seqs["done"][1].nonzero()[0].tolist() == [9] and seqs["first"][1].nonzero()[0].tolist() == [10]
+    assert not seqs["first"][0].any()
+    # the next unroll makes the next sequence, overlapping the last by two unrolls
+    seqs = asm.add(_unroll_batch(t, k, [0], [3], [12]))
+    assert seqs["obs"][0, :, 0].tolist() == list(range(4, 17)) and seqs["core"][0].tolist() == [4.0] * 4
+    # a gap in the numbers (an actor restart, an unroll lost) starts the chain again
+    assert asm.add(_unroll_batch(t, k, [0], [0], [50])) is None
+
+
+def _r2d2_cfg(cfg_factory, **sections):
+    base = {"learner": {"agent": "r2d2"}, "telemetry": {"tensorboard": False}}
+    return cfg_factory(**{s: {**base.get(s, {}), **sections.get(s, {})} for s in {*base, *sections}})
+
+
+def test_r2d2_config_is_checked_before_anything_starts(cfg_factory):
+    from rlbalance.config import ConfigError
+
+    with pytest.raises(ConfigError, match="inference.mode"):
+        _r2d2_cfg(cfg_factory, inference={"mode": "actor"})
+    with pytest.raises(ConfigError, match=r"r2d2.sequence_length=25 .*multiple of learner.unroll_length=10"):
+        _r2d2_cfg(cfg_factory, r2d2={"sequence_length": 25})
+    with pytest.raises(ConfigError, match="r2d2.learning_starts"):
+        _r2d2_cfg(cfg_factory, r2d2={"learning_starts": 5})
+    cfg = _r2d2_cfg(cfg_factory)
+    assert cfg.learner.core == "lstm" and cfg.learner.adam_eps == 1e-3  # the r2d2 preset over the classic one
+    from rlbalance.train import train
+
+    with pytest.raises(ConfigError, match="Discrete"):
+        train(_r2d2_cfg(cfg_factory, env={"id": "Pendulum-v1"}, run={"name": "box"}))
+
+
+def test_r2d2_with_central_inference_keeps_the_asked_replay_ratio_and_reports_the_replay(cfg_factory):
+    s = train_r2d2(_r2d2_cfg(cfg_factory, actors={"num_actors": 2},
+                             run={"total_steps": 12_000, "name": "r2d2-par"}))
+    assert s["outcome"] == "completed" and s["agent"] == "r2d2" and s["updates"] > 0
+    rp = s["replay"]
+    # the learner trains until it has sampled ratio x (inserted - learning_starts) sequences: at most one batch over
+    assert rp["sampled"] >= rp["ratio_asked"] * (rp["inserted"] - rp["learning_starts"])
+    assert rp["sampled"] < rp["ratio_asked"] * (rp["inserted"] - rp["learning_starts"]) + 32 + 1
+    assert 0 < rp["fill"] <= 1 and rp["sampled"] == 32 * s["updates"]
+    tel = json.load(open(os.path.join(s["run_dir"], "telemetry.json")))
+    learner = tel["stage_shares"]["learner"]
+    assert learner["replay_insert"] > 0 and learner["replay_sample"] > 0 and learner["priority_update"] > 0
+    assert tel["replay"]["inserted"] == rp["inserted"]
+    recs = [json.loads(line) for line in open(os.path.join(s["run_dir"], "metrics.jsonl"))]
+    assert any("loss/td_abs" in r for r in recs) and recs[-1]["loss/replay_fill"] > 0
+
+
+def train_r2d2(cfg):
+    from rlbalance.train import train
+
+    return train(cfg)
+
+
+def test_resume_restores_the_online_and_target_nets_optimizer_and_counters(cfg_factory):
+    import dataclasses
+
+    from rlbalance.rundir import RunDir
+    from rlbalance.train import train
+
+    cfg = _r2d2_cfg(cfg_factory, run={"mode": "serial", "total_steps": 8_000, "name": "r2d2-resume"},
+                    r2d2={"target_update_every": 7})
+    s = train(cfg)
+    state = RunDir(s["run_dir"]).load_checkpoint()
+    assert state["updates"] == s["updates"] > 7 and state["steps"] == s["steps"]
+    assert any(not torch.equal(state["target"][k], state["model"][k]) for k in state["model"])  # a lagged copy
+    assert state["optimizer"]["state"]  # Adam's moments
+    s2 = train(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, total_steps=16_000)), resume=s["run_dir"])
+    assert s2["steps"] >= 16_000 and s2["updates"] > s["updates"]
+    # the resumed session started from the checkpoint's counters: its replay refilled before learning again
+    assert s2["replay"]["inserted"] < s2["steps"] / 10  # sequences of this session only (period 10 steps)
+
+
+@pytest.mark.slow
+def test_r2d2_learns_cartpole_to_475(cfg_factory):
+    """Must show 2 of issue 13: R2D2 (the classic preset's R2D2 settings: LSTM 64, sequences of 20 after a burn-in
+    of 10, 3-step targets, replay ratio 4) reaches a last-100 mean of 475 on CartPole-v1 within 250k steps, serial
+    (deterministic) runner, seed 0."""
+    s = train_r2d2(_r2d2_cfg(cfg_factory, run={"mode": "serial", "total_steps": 250_000, "name": "r2d2-cartpole"}))
+    assert s["episode_return_best100"] >= 475, s["episode_return_best100"]

@@ -10,11 +10,15 @@ Learning", ICLR 2019; the defaults are the paper's and SEED RL's Atari settings)
   weights (N P(i)) ** -beta normalised by their maximum over the batch.
 - ``epsilon_ladder``: the per-actor exploration rates of Ape-X/R2D2, eps_i = 0.4 ** (1 + 7 i / (N - 1)).
 - ``R2D2Net`` (torso, LSTM, dueling head; epsilon-greedy ``act``) and ``R2D2Learner`` (burn-in, targets, the
-  importance-weighted TD loss, new priorities, the target net's copies). Not wired into the runners yet.
+  importance-weighted TD loss, new priorities, the target net's copies).
+- ``SequenceAssembler`` and ``R2D2Agent``: what the runners call (the V-trace ``Learner``'s interface): batches of
+  unrolls in, sequences of consecutive unrolls per env into the replay, gradient steps at the asked replay ratio.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,17 +148,25 @@ class R2D2Net(nn.Module):
     """Torso (an MLP, or the Nature CNN for image observations) -> LSTM -> dueling head: Q = V + A - mean(A).
     ``forward`` runs over sequences [T1, B, ...] from start states [B, 2H] with resets where ``first``."""
 
+    recurrent = True  # (the runners' test for a policy that carries a state per env)
+
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int, hidden_sizes: tuple[int, ...] = (64, 64),
-                 core_size: int = 128):
+                 core_size: int = 128, cnn: bool | None = None):
         super().__init__()
+        from rlbalance.distributions import ActionSpec
         from rlbalance.model import _mlp, _nature_cnn
 
-        if len(obs_shape) == 3:
+        self.cnn = len(obs_shape) == 3 if cnn is None else cnn
+        if self.cnn:
             self.torso, out = _nature_cnn(obs_shape[0], obs_shape[1])
         else:
             self.torso, out = _mlp(int(np.prod(obs_shape)), hidden_sizes), hidden_sizes[-1]
         self.core = nn.LSTMCell(out, core_size)
         self.core_size, self.num_actions = core_size, num_actions
+        self.state_size = 2 * core_size
+        # What the buffers' "logits" rows hold for this agent: the Q-values of the step (a Discrete space's
+        # parameters, so evaluation's greedy action, the mode, is argmax Q).
+        self.action = ActionSpec.discrete(num_actions)
         self.value = nn.Linear(core_size, 1)
         self.advantage = nn.Linear(core_size, num_actions)
 
@@ -163,6 +175,8 @@ class R2D2Net(nn.Module):
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        if x.dim() == 4:  # channels-last convolutions (as the actor-critic's CNN)
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.torso(x)
 
     def _step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,16 +201,27 @@ class R2D2Net(nn.Module):
         return torch.stack(qs), torch.stack(states)
 
     @torch.inference_mode()
-    def act(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor, epsilon: torch.Tensor,
-            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Epsilon-greedy actions for N envs (``epsilon`` [N], each env's own rate). Returns (actions, Q-values,
-        the state the step started from (reset where ``first``), the state after it)."""
+    def act_recurrent(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor,
+                      generator: torch.Generator | None = None, epsilon: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Epsilon-greedy actions for N envs (``epsilon`` [N], each env's own rate; None: greedy), as the runners
+        call a recurrent policy. Returns (actions, Q-values, the state the step started from (reset where
+        ``first``), the state after it)."""
         state_in = state * (~first).to(state.dtype).view(-1, 1)
         q, state_out = self._step(self._features(obs), state_in)
-        greedy = q.argmax(dim=-1)
-        explore = torch.rand(q.shape[0], generator=generator, device=q.device) < epsilon
-        random = torch.randint(0, self.num_actions, (q.shape[0],), generator=generator, device=q.device)
-        return torch.where(explore, random, greedy), q, state_in, state_out
+        actions = q.argmax(dim=-1)
+        if epsilon is not None:
+            explore = torch.rand(q.shape[0], generator=generator, device=q.device) < epsilon
+            random = torch.randint(0, self.num_actions, (q.shape[0],), generator=generator, device=q.device)
+            actions = torch.where(explore, random, actions)
+        return actions, q, state_in, state_out
+
+    @torch.inference_mode()
+    def act(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy actions from an episode's start state (what a profile or calibration times: one step's forward)."""
+        first = torch.ones(obs.shape[0], dtype=torch.bool, device=obs.device)
+        actions, q, _, _ = self.act_recurrent(obs, self.initial_state(obs.shape[0], obs.device), first, generator)
+        return actions, q
 
 
 class R2D2Learner:
@@ -205,10 +230,14 @@ class R2D2Learner:
     importance weights, new priorities for the sampled sequences, and the target net copied every
     ``target_update_every`` updates."""
 
-    def __init__(self, net: R2D2Net, settings: R2D2Settings = R2D2Settings(), device: torch.device | str = "cpu"):
+    def __init__(self, net: R2D2Net, settings: R2D2Settings = R2D2Settings(), device: torch.device | str = "cpu",
+                 step_lock=None):
+        import contextlib
         import copy
 
         self.s, self.device = settings, torch.device(device)
+        # held around the optimizer step: an inference pass beside the learner never sees half-updated weights
+        self.step_lock = step_lock or contextlib.nullcontext()
         self.net = net.to(self.device)
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=settings.learning_rate, eps=settings.adam_eps)
@@ -218,7 +247,10 @@ class R2D2Learner:
         """``batch``: obs [T1, B, ...], action, reward, done, first [T1, B], core [B, 2H] (the state row 0 started
         from). ``weights`` [B]: importance weights (None: 1). Returns the loss figures and ``priorities`` [B]."""
         s = self.s
-        b = {k: v.to(self.device) for k, v in batch.items()}
+        t0 = time.perf_counter()
+        nb = self.device.type == "cuda"
+        b = {k: (v.pin_memory() if nb else v).to(self.device, non_blocking=nb) for k, v in batch.items()}
+        t1 = time.perf_counter()
         burn = s.burn_in
         if b["action"].shape[0] <= burn + s.n_step:
             raise ValueError(f"sequences of {b['action'].shape[0]} rows leave nothing to learn from after a "
@@ -242,16 +274,26 @@ class R2D2Learner:
         per_seq = 0.5 * (td ** 2).mean(dim=0)
         w = torch.ones_like(per_seq) if weights is None else weights.to(self.device, per_seq.dtype)
         loss = (w * per_seq).mean()
+        if not torch.isfinite(loss):
+            from rlbalance.learner import NonFiniteLossError
+
+            raise NonFiniteLossError(f"the R2D2 loss is {float(loss)} at update {self.updates}: the learning diverged "
+                                     "or the env returned NaN rewards or observations; check the env, then lower "
+                                     "learner.learning_rate or learner.max_grad_norm")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), s.max_grad_norm)
-        self.optimizer.step()
+        t2 = time.perf_counter()
+        with self.step_lock:
+            self.optimizer.step()
         self.updates += 1
         if self.updates % s.target_update_every == 0:
             self.target.load_state_dict(self.net.state_dict())
         td = td.detach()
-        return {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "q_mean": float(q_taken.detach().mean()),
-                "td_abs": float(td.abs().mean()), "priorities": sequence_priorities(td, s.priority_eta).cpu()}
+        out = {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "q_mean": float(q_taken.detach().mean()),
+               "td_abs": float(td.abs().mean()), "priorities": sequence_priorities(td, s.priority_eta).cpu()}
+        out.update(time_h2d=t1 - t0, time_fwd_bwd=t2 - t1, time_optim=time.perf_counter() - t2)
+        return out
 
 
 class SequenceReplay:
@@ -330,3 +372,162 @@ class SequenceReplay:
         """Sequences sampled per sequence inserted (all of one length: how many times each stored step is learned
         from, on average)."""
         return self.sampled / self.inserted if self.inserted else 0.0
+
+
+# -- what the runners call --------------------------------------------------------------------------------------
+
+class SequenceAssembler:
+    """Sequences of ``units`` consecutive unrolls of one env: each new unroll of an env completes the sequence made
+    of it and the ``units - 1`` before it (so consecutive sequences overlap by all but one unroll, as R2D2's replay
+    period). A sequence holds rows 0..T-1 of each unroll and the last one's bootstrap row T (``units`` x T + 1 rows),
+    and the state its first unroll started from. An env is known by (client, column): the env group that filled
+    the buffer and the env's place in it; unrolls are chained only where their numbers follow on (an actor restart
+    or an unroll lost starts a new chain)."""
+
+    def __init__(self, units: int):
+        self.units = units
+        self.chains: dict[tuple[int, int], deque] = {}
+
+    def add(self, batch: dict[str, torch.Tensor]) -> dict[str, np.ndarray] | None:
+        obs, action = batch["obs"].numpy(), batch["action"].numpy()
+        reward = batch["reward"].numpy()
+        cut = (batch["done"] | batch["truncated"]).numpy()  # a time limit also ends the trace (no bootstrap there)
+        core = batch["core"].numpy()
+        clients, unrolls = batch["client"].tolist(), batch["unroll"].tolist()
+        n_buf = len(clients)
+        k = action.shape[1] // n_buf
+        out: list[list] = []
+        for i in sorted(range(n_buf), key=lambda j: (clients[j], unrolls[j])):
+            for e in range(k):
+                col = i * k + e
+                key = (clients[i], e)
+                piece = (unrolls[i], obs[:, col].copy(), action[:-1, col].copy(), reward[:-1, col].copy(),
+                         cut[:-1, col].copy(), core[col].copy())
+                chain = self.chains.get(key)
+                if chain is None or chain[-1][0] + 1 != piece[0]:
+                    chain = self.chains[key] = deque(maxlen=self.units)
+                chain.append(piece)
+                if len(chain) == self.units:
+                    out.append(list(chain))
+        if not out:
+            return None
+        return self._stack(out)
+
+    @staticmethod
+    def _stack(seqs: list[list]) -> dict[str, np.ndarray]:
+        def rows(j: int, last=None) -> np.ndarray:
+            parts = [[p[j] if j != 1 else p[1][:-1] for p in s] for s in seqs]
+            x = np.stack([np.concatenate(ps) for ps in parts])  # [B, units*T, ...]
+            if last is None:  # the bootstrap row: the last unroll's row T
+                return np.concatenate([x, np.stack([s[-1][1][-1:] for s in seqs])], axis=1)
+            return np.concatenate([x, np.full((x.shape[0], 1, *x.shape[2:]), last, dtype=x.dtype)], axis=1)
+
+        obs = rows(1)
+        action, reward, cut = rows(2, 0), rows(3, 0), rows(4, False)
+        first = np.zeros_like(cut)
+        first[:, 1:] = cut[:, :-1]  # (the rule the actors reset their states by)
+        return {"obs": obs, "action": action, "reward": reward, "done": cut, "first": first,
+                "core": np.stack([s[0][5] for s in seqs])}
+
+
+class R2D2Agent:
+    """R2D2 behind the V-trace ``Learner``'s interface (``train(batch)``, ``updates``, ``steps``, ``model``,
+    ``state_dict``): each batch of unrolls becomes sequences in the replay; then gradient steps on prioritised
+    samples until the replay ratio asked for (r2d2.replay_ratio sequences sampled per sequence inserted, counted
+    from r2d2.learning_starts) is met. Actors wait where the learner is slower (the batch's buffers go back to
+    them only after it), so the ratio holds and the time it costs shows up as a learner-bound run."""
+
+    def __init__(self, model: R2D2Net, cfg, device: torch.device, obs_shape: tuple[int, ...], obs_dtype,
+                 step_lock=None):
+        lc, r = cfg.learner, cfg.r2d2
+        self.cfg, self.r = cfg, r
+        settings = R2D2Settings(discount=lc.discount, n_step=r.n_step, burn_in=r.burn_in,
+                                learning_rate=lc.learning_rate, adam_eps=lc.adam_eps, max_grad_norm=lc.max_grad_norm,
+                                target_update_every=r.target_update_every, priority_eta=r.priority_eta,
+                                rescale_eps=r.rescale_eps)
+        self.algo = R2D2Learner(model, settings, device, step_lock)
+        self.model, self.device, self.optimizer = self.algo.net, self.algo.device, self.algo.optimizer
+        self.world = 1
+        units = (r.burn_in + r.sequence_length) // lc.unroll_length
+        self.assembler = SequenceAssembler(units)
+        self.replay = SequenceReplay(r.replay_size, units * lc.unroll_length + 1, obs_shape, obs_dtype,
+                                     model.state_size, alpha=r.priority_exponent, seed=cfg.run.seed,
+                                     field="r2d2.replay_size")
+        self.steps = 0
+        self.last: dict[str, float] = {}
+        self.totals = {"insert_s": 0.0, "sample_s": 0.0, "priority_s": 0.0}
+        self.cuda = self.device.type == "cuda"
+
+    @property
+    def updates(self) -> int:
+        return self.algo.updates
+
+    def lr_now(self) -> float:
+        return self.algo.s.learning_rate
+
+    def due(self) -> bool:
+        """Whether the replay ratio asks for another gradient step now."""
+        rp, r = self.replay, self.r
+        return rp.filled >= r.learning_starts and rp.sampled < r.replay_ratio * (rp.inserted - r.learning_starts)
+
+    def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        seqs = self.assembler.add(batch)
+        if seqs is not None:
+            self.replay.add(seqs)
+        t1 = time.perf_counter()
+        self.steps += (batch["action"].shape[0] - 1) * batch["action"].shape[1]
+        times = {"time_h2d": 0.0, "time_fwd_bwd": 0.0, "time_optim": 0.0, "time_replay_insert": t1 - t0,
+                 "time_replay_sample": 0.0, "time_priority_update": 0.0}
+        sums: dict[str, float] = {}
+        n = 0
+        while self.due():
+            ta = time.perf_counter()
+            slots, weights, seq = self.replay.sample(self.r.batch_size, self.r.importance_exponent)
+            generation = seq.pop("generation")
+            tb = time.perf_counter()
+            out = self.algo.train(seq, weights)
+            tc = time.perf_counter()
+            self.replay.update_priorities(slots, out.pop("priorities").numpy(), generation.numpy())
+            td = time.perf_counter()
+            times["time_replay_sample"] += tb - ta
+            times["time_priority_update"] += td - tc
+            for key in ("time_h2d", "time_fwd_bwd", "time_optim"):
+                times[key] += out.pop(key)
+            for key, v in out.items():
+                sums[key] = sums.get(key, 0.0) + v
+            n += 1
+        if n:
+            self.last = {k: v / n for k, v in sums.items()}
+        self.totals["insert_s"] += times["time_replay_insert"]
+        self.totals["sample_s"] += times["time_replay_sample"]
+        self.totals["priority_s"] += times["time_priority_update"]
+        rp = self.replay
+        return {**self.last, **times, "lr": self.lr_now(), "grad_steps": float(n),
+                "replay_fill": rp.filled / rp.capacity, "replay_ratio": rp.replay_ratio(),
+                "replay_sequences": float(rp.inserted)}
+
+    def replay_figures(self) -> dict:
+        """For telemetry.json and the summary: what the replay did this session."""
+        rp, r = self.replay, self.r
+        return {"ratio_asked": r.replay_ratio, "ratio_achieved": rp.replay_ratio(), "inserted": rp.inserted,
+                "sampled": rp.sampled, "fill": rp.filled / rp.capacity, "capacity": rp.capacity,
+                "sequence_rows": rp.seq_len, "bytes": rp.bytes, "learning_starts": r.learning_starts,
+                "insert_s": self.totals["insert_s"], "sample_s": self.totals["sample_s"],
+                "priority_update_s": self.totals["priority_s"],
+                "note": "sequences sampled per sequence inserted; the replay's contents are not checkpointed (a "
+                        "resumed run refills it, learning_starts sequences before its next gradient step)"}
+
+    def state_dict(self) -> dict:
+        a = self.algo
+        return {"model": a.net.state_dict(), "target": a.target.state_dict(), "optimizer": a.optimizer.state_dict(),
+                "updates": a.updates, "steps": self.steps,
+                "replay_counts": {"inserted": self.replay.inserted, "sampled": self.replay.sampled}}
+
+    def load_state_dict(self, state: dict) -> None:
+        a = self.algo
+        a.net.load_state_dict(state["model"])
+        a.target.load_state_dict(state["target"])
+        a.optimizer.load_state_dict(state["optimizer"])
+        a.updates = int(state["updates"])
+        self.steps = int(state["steps"])
