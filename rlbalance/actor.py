@@ -41,13 +41,13 @@ class UnrollWriter:
     at x_t, then what stepping the envs gave. Used where the envs are stepped in this process
     (``Rollout``) and where they are stepped elsewhere (the Ray runner's learner-side record)."""
 
-    def __init__(self, k: int, obs: np.ndarray, client: int = 0):
+    def __init__(self, k: int, obs: np.ndarray, client: int = 0, first_unroll: int = 0):
         self.k, self.obs, self.client = k, obs, client
         self.first = np.ones(k, dtype=bool)  # obs starts an episode: after a reset, and after done or truncated
         self.buf: UnrollView | None = None
         self.t = 0
         self.steps = 0
-        self.unrolls = 0  # unrolls begun: consecutive numbers mark consecutive unrolls of the same envs
+        self.unrolls = first_unroll  # unrolls begun: consecutive numbers mark consecutive unrolls of the same envs
 
     def begin(self, buf: UnrollView) -> None:
         self.buf, self.t = buf, 0
@@ -94,12 +94,13 @@ class UnrollWriter:
 class Rollout(UnrollWriter):
     """One env group stepped in this process, and its place in the current unroll buffer."""
 
-    def __init__(self, envs: EnvBatch, policy: Policy, timer: StageTimer | None = None, client: int = 0):
+    def __init__(self, envs: EnvBatch, policy: Policy, timer: StageTimer | None = None, client: int = 0,
+                 first_unroll: int = 0):
         self.envs, self.policy = envs, policy
         self.timer = timer or StageTimer()
         with self.timer.stage("reset"):
             obs = envs.reset()
-        super().__init__(envs.k, obs, client)
+        super().__init__(envs.k, obs, client, first_unroll)
         policy.request(self.obs, self.first)
 
     def step(self) -> bool:
@@ -314,7 +315,7 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
             model = build_model(cfg.learner, envs[0].spec)
             local = LocalModel(model, sh.weights, cfg.inference.sync_every, client_seed(cfg, clients[0]))
             policies = [local.policy(cfg.actors.envs_per_actor) for _ in clients]
-        rollouts = [Rollout(e, p, timer, c) for e, p, c in zip(envs, policies, clients)]
+        rollouts = [Rollout(e, p, timer, c, unroll_base(incarnation)) for e, p, c in zip(envs, policies, clients)]
         owned = [link.take(timer) for _ in rollouts]
         for r, idx in zip(rollouts, owned):
             r.begin(sh.buffers.view(idx))
@@ -342,6 +343,12 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
     finally:
         for e in envs:
             e.close()
+
+
+def unroll_base(incarnation: int) -> int:
+    """The first unroll number of an actor's ``incarnation``: far from the last one's, so a restarted actor's
+    unrolls never pass for the continuation of its predecessor's (R2D2 chains an env's unrolls by their numbers)."""
+    return incarnation << 40
 
 
 class _Stopped(Exception):

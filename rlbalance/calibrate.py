@@ -200,6 +200,11 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1
 
 def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     spec = probe_spec(cfg.env)
+    if cfg.learner.agent != "vtrace":
+        from rlbalance.config import ConfigError
+
+        raise ConfigError(f"learner.agent={cfg.learner.agent}: this measurement times the V-trace learner's update; "
+                          "R2D2's is not modelled yet (use learner.agent=vtrace)")
     device = resolve_device(cfg.learner.device)
     torch.set_num_threads(cfg.learner.torch_threads)
     ks = [1, 8] if quick or cfg.env.is_atari else [1, 8, 32]

@@ -475,6 +475,11 @@ class Config:
             v = getattr(r, name)
             _require(v % period == 0, f"r2d2.{name}", v, f"must be a multiple of learner.unroll_length={period} "
                      "(the replay period: sequences are made of whole consecutive unrolls)")
+        _require(r.sequence_length >= period + r.n_step - 1, "r2d2.sequence_length", r.sequence_length,
+                 f"must be at least learner.unroll_length + r2d2.n_step - 1 = {period + r.n_step - 1}, or the last "
+                 "rows of every period never get a target")
+        _require(not self.learner.normalize_observations, "learner.normalize_observations",
+                 self.learner.normalize_observations, "is not supported with learner.agent=r2d2: set it to false")
         _require(self.learner.core == "lstm", "learner.core", self.learner.core,
                  "R2D2 runs a recurrent core: use learner.core=lstm (the r2d2 preset sets it)")
         _require(self.inference.mode == "central", "inference.mode", self.inference.mode,

@@ -110,7 +110,8 @@ ENV_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 AGENT_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "r2d2": {"learner": {"core": "lstm", "core_size": 512, "learning_rate": 1e-4, "adam_eps": 1e-3,
                          "lr_schedule": "constant", "max_grad_norm": 80.0, "discount": 0.997, "unroll_length": 40,
-                         "reward_clip": 0.0, "epochs": 1, "minibatches": 1}},
+                         "reward_clip": 0.0, "reward_scale": 1.0, "normalize_observations": False, "epochs": 1,
+                         "minibatches": 1}},
 }
 
 # R2D2 per env family, on top of AGENT_PRESETS["r2d2"]: small tasks get a small core, short sequences, a quick target
@@ -132,7 +133,8 @@ def layer(name: str, env_id: str = "", agent: str = "vtrace") -> dict[str, Any]:
     if name in PRESETS:
         for sec, vals in ENV_PRESETS.get(env_id.partition(":")[2] if ":" in env_id else env_id, {}).items():
             out.setdefault(sec, {}).update(vals)
-        for extra in (AGENT_PRESETS.get(agent, {}), AGENT_FAMILY_PRESETS.get((agent, name), {})):
-            for sec, vals in extra.items():
-                out.setdefault(sec, {}).update(vals)
+    # the agent's own values come with the agent (also under run.preset=none); its per-family ones with the family
+    for extra in (AGENT_PRESETS.get(agent, {}), AGENT_FAMILY_PRESETS.get((agent, name), {})):
+        for sec, vals in extra.items():
+            out.setdefault(sec, {}).update(vals)
     return out

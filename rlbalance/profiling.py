@@ -78,7 +78,11 @@ def capture(learner, obs_batch: torch.Tensor, train_batch: dict, steps: int = 10
         out["phases"][name] = g
 
     run(lambda: learner.model.act(obs), "inference")
-    run(lambda: learner.train(train_batch), "training")
+    if hasattr(learner, "sample_sequences"):  # R2D2: one gradient step on a replay batch of sequences
+        seqs = learner.sample_sequences()
+        run(lambda: learner.algo.train(seqs), "training")
+    else:
+        run(lambda: learner.train(train_batch), "training")
     return out
 
 

@@ -192,6 +192,12 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.learner.torch_threads)
     model = build_model(cfg.learner, spec)  # an observation shape the model cannot take fails here
+    if cfg.learner.agent == "r2d2":  # a replay that would not fit fails here, before the run directory exists
+        from .agents.r2d2 import SequenceReplay
+
+        r = cfg.r2d2
+        SequenceReplay.check_fits(r.replay_size, r.burn_in + r.sequence_length + 1, spec.obs_shape, spec.obs_dtype,
+                                  model.state_size, "r2d2.replay_size")
     episodes = EpisodeStats()
     model_lock = threading.Lock()
     from .ddp_runner import launched_by_torchrun

@@ -248,8 +248,8 @@ def test_sequences_are_consecutive_unrolls_of_one_env_with_the_first_ones_start_
 
     t, k = 4, 2
     asm = SequenceAssembler(units=3)
-    # client 0's unrolls 0, 1 (rows 0..3, 4..7) and client 1's unroll 0, out of order within the batch
-    assert asm.add(_unroll_batch(t, k, [1, 0, 0], [0, 1, 0], [100, 4, 0])) is None  # no env has 3 unrolls yet
+    # client 0's unrolls 0, 1 (rows 0..3, 4..7) and client 1's unroll 0
+    assert asm.add(_unroll_batch(t, k, [1, 0, 0], [0, 0, 1], [100, 0, 4])) is None  # no env has 3 unrolls yet
     seqs = asm.add(_unroll_batch(t, k, [0], [2], [8], cut_at=[(1, 1)]))  # client 0's third: one sequence per env
     assert seqs["obs"].shape == (2, 3 * t + 1, 2)
     for e in range(k):
@@ -262,8 +262,25 @@ def test_sequences_are_consecutive_unrolls_of_one_env_with_the_first_ones_start_
     # the next unroll makes the next sequence, overlapping the last by two unrolls
     seqs = asm.add(_unroll_batch(t, k, [0], [3], [12]))
     assert seqs["obs"][0, :, 0].tolist() == list(range(4, 17)) and seqs["core"][0].tolist() == [4.0] * 4
-    # a gap in the numbers (an actor restart, an unroll lost) starts the chain again
-    assert asm.add(_unroll_batch(t, k, [0], [0], [50])) is None
+    # a gap in the numbers (an unroll lost) starts the chain again
+    assert asm.add(_unroll_batch(t, k, [0], [5], [50])) is None
+    assert asm.add(_unroll_batch(t, k, [0, 0], [6, 7], [54, 58]))["obs"][0, 0, 0] == 50
+
+
+def test_a_restarted_actors_unrolls_never_continue_its_predecessors():
+    """An actor that dies after delivering unroll 0 and filling unroll 1: its next process's unroll numbers start
+    far away (actor.unroll_base), so its first unrolls, even in one batch with the old process's last, do not chain
+    onto them."""
+    from rlbalance.actor import unroll_base
+    from rlbalance.agents.r2d2 import SequenceAssembler
+
+    t, k = 4, 1
+    asm = SequenceAssembler(units=2)
+    assert asm.add(_unroll_batch(t, k, [0], [0], [0])) is None
+    new = unroll_base(1)
+    seqs = asm.add(_unroll_batch(t, k, [0, 0, 0], [1, new, new + 1], [4, 1000, 1004]))
+    assert seqs["obs"].shape[0] == 2  # old 0+1, and the new process's own two
+    assert seqs["obs"][0, :, 0].tolist() == list(range(0, 9)) and seqs["obs"][1, 0, 0] == 1000
 
 
 def _r2d2_cfg(cfg_factory, **sections):
@@ -318,16 +335,38 @@ def test_resume_restores_the_online_and_target_nets_optimizer_and_counters(cfg_f
     from rlbalance.train import train
 
     cfg = _r2d2_cfg(cfg_factory, run={"mode": "serial", "total_steps": 8_000, "name": "r2d2-resume"},
-                    r2d2={"target_update_every": 7})
+                    r2d2={"target_update_every": 10**6})
     s = train(cfg)
     state = RunDir(s["run_dir"]).load_checkpoint()
-    assert state["updates"] == s["updates"] > 7 and state["steps"] == s["steps"]
-    assert any(not torch.equal(state["target"][k], state["model"][k]) for k in state["model"])  # a lagged copy
+    assert state["updates"] == s["updates"] > 0 and state["steps"] == s["steps"]
+    # never copied in this run: the target is the initial online net, which the checkpoint's online net has left
+    assert any(not torch.equal(state["target"][k], state["model"][k]) for k in state["model"])
     assert state["optimizer"]["state"]  # Adam's moments
-    s2 = train(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, total_steps=16_000)), resume=s["run_dir"])
+    import rlbalance.agents.r2d2 as R
+
+    loaded = {}
+    real = R.R2D2Agent.load_state_dict
+
+    def spy(self, st):
+        real(self, st)
+        loaded.update(target=copy_of(self.algo.target), adam_step=float(self.optimizer.state_dict()["state"][0]["step"]),
+                      updates=self.updates, steps=self.steps)
+
+    def copy_of(net):
+        return {k: v.clone() for k, v in net.state_dict().items()}
+
+    R.R2D2Agent.load_state_dict = spy
+    try:
+        s2 = train(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, total_steps=16_000)),
+                   resume=s["run_dir"])
+    finally:
+        R.R2D2Agent.load_state_dict = real
+    assert all(torch.equal(loaded["target"][k], state["target"][k]) for k in state["target"])
+    assert loaded["updates"] == state["updates"] and loaded["steps"] == state["steps"]
+    assert loaded["adam_step"] == float(state["optimizer"]["state"][0]["step"]) == state["updates"]
     assert s2["steps"] >= 16_000 and s2["updates"] > s["updates"]
-    # the resumed session started from the checkpoint's counters: its replay refilled before learning again
-    assert s2["replay"]["inserted"] < s2["steps"] / 10  # sequences of this session only (period 10 steps)
+    # the replay is refilled: this session's sequences only (period 10 steps, 8 envs' chains warming up again)
+    assert s2["replay"]["inserted"] <= (s2["steps"] - s["steps"]) / 10
 
 
 @pytest.mark.slow
@@ -337,3 +376,13 @@ def test_r2d2_learns_cartpole_to_475(cfg_factory):
     (deterministic) runner, seed 0."""
     s = train_r2d2(_r2d2_cfg(cfg_factory, run={"mode": "serial", "total_steps": 250_000, "name": "r2d2-cartpole"}))
     assert s["episode_return_best100"] >= 475, s["episode_return_best100"]
+
+
+def test_a_replay_too_large_for_memory_is_refused_before_the_run_directory_exists(cfg_factory):
+    from rlbalance.config import ConfigError
+    from rlbalance.train import train
+
+    cfg = _r2d2_cfg(cfg_factory, r2d2={"replay_size": 10**12}, run={"name": "huge"})
+    with pytest.raises(ConfigError, match=r"r2d2.replay_size=1000000000000 is invalid: .* use at most"):
+        train(cfg)
+    assert not os.path.exists(os.path.join(cfg.run.out_dir, "huge"))  # a smaller size can reuse the name

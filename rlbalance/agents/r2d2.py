@@ -304,18 +304,8 @@ class SequenceReplay:
 
     def __init__(self, capacity: int, seq_len: int, obs_shape: tuple[int, ...], obs_dtype, state_size: int,
                  alpha: float = 0.9, seed: int = 0, field: str = "capacity", memory_fraction: float = 0.8):
-        import psutil
-
-        from rlbalance.config import ConfigError
-
         obs_dtype = np.dtype(obs_dtype)
-        per_seq = seq_len * (int(np.prod(obs_shape)) * obs_dtype.itemsize + 8 + 4 + 1 + 1) + 4 * state_size
-        self.bytes = capacity * per_seq
-        available = psutil.virtual_memory().available
-        if capacity < 1 or self.bytes > memory_fraction * available:
-            raise ConfigError(f"{field}={capacity} is invalid: {capacity:,} sequences of {seq_len} rows take "
-                              f"{self.bytes / 2**30:.1f} GiB and {available / 2**30:.1f} GiB are free; use at most "
-                              f"{max(1, int(memory_fraction * available // per_seq)):,}")
+        self.bytes = self.check_fits(capacity, seq_len, obs_shape, obs_dtype, state_size, field, memory_fraction)
         self.capacity, self.seq_len = capacity, seq_len
         self.obs = np.zeros((capacity, seq_len, *obs_shape), dtype=obs_dtype)
         self.action = np.zeros((capacity, seq_len), dtype=np.int64)
@@ -330,6 +320,24 @@ class SequenceReplay:
         self.inserted = 0
         self.sampled = 0
         self.max_priority = 1.0
+
+    @staticmethod
+    def check_fits(capacity: int, seq_len: int, obs_shape: tuple[int, ...], obs_dtype, state_size: int,
+                   field: str = "capacity", memory_fraction: float = 0.8) -> int:
+        """The replay's bytes; a ConfigError naming ``field`` and the largest size that fits where it would not fit in
+        ``memory_fraction`` of the free memory."""
+        import psutil
+
+        from rlbalance.config import ConfigError
+
+        per_seq = seq_len * (int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 8 + 4 + 1 + 1) + 4 * state_size
+        total = capacity * per_seq
+        available = psutil.virtual_memory().available
+        if capacity < 1 or total > memory_fraction * available:
+            raise ConfigError(f"{field}={capacity} is invalid: {capacity:,} sequences of {seq_len} rows take "
+                              f"{total / 2**30:.1f} GiB and {available / 2**30:.1f} GiB are free; use at most "
+                              f"{max(1, int(memory_fraction * available // per_seq)):,}")
+        return total
 
     def add(self, seqs: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
         """Store B sequences (obs [B, T1, ...], action, reward, done, first [B, T1], core [B, S]); returns their
@@ -382,7 +390,8 @@ class SequenceAssembler:
     period). A sequence holds rows 0..T-1 of each unroll and the last one's bootstrap row T (``units`` x T + 1 rows),
     and the state its first unroll started from. An env is known by (client, column): the env group that filled
     the buffer and the env's place in it; unrolls are chained only where their numbers follow on (an actor restart
-    or an unroll lost starts a new chain)."""
+    or an unroll lost starts a new chain: a restarted actor numbers its unrolls from a new base, see
+    ``actor.unroll_base``)."""
 
     def __init__(self, units: int):
         self.units = units
@@ -397,7 +406,7 @@ class SequenceAssembler:
         n_buf = len(clients)
         k = action.shape[1] // n_buf
         out: list[list] = []
-        for i in sorted(range(n_buf), key=lambda j: (clients[j], unrolls[j])):
+        for i in range(n_buf):  # (in the order they were filled: the runners deliver each group's unrolls in order)
             for e in range(k):
                 col = i * k + e
                 key = (clients[i], e)
@@ -434,8 +443,9 @@ class R2D2Agent:
     """R2D2 behind the V-trace ``Learner``'s interface (``train(batch)``, ``updates``, ``steps``, ``model``,
     ``state_dict``): each batch of unrolls becomes sequences in the replay; then gradient steps on prioritised
     samples until the replay ratio asked for (r2d2.replay_ratio sequences sampled per sequence inserted, counted
-    from r2d2.learning_starts) is met. Actors wait where the learner is slower (the batch's buffers go back to
-    them only after it), so the ratio holds and the time it costs shows up as a learner-bound run."""
+    from r2d2.learning_starts) is met. The learner takes its next batch of unrolls only after those steps, so where
+    it is slower the actors run out of free buffers and wait: the ratio holds and what it costs shows up as a
+    learner-bound run."""
 
     def __init__(self, model: R2D2Net, cfg, device: torch.device, obs_shape: tuple[int, ...], obs_dtype,
                  step_lock=None):
@@ -463,7 +473,34 @@ class R2D2Agent:
         return self.algo.updates
 
     def lr_now(self) -> float:
-        return self.algo.s.learning_rate
+        lr = self.algo.s.learning_rate
+        if self.cfg.learner.lr_schedule == "constant":
+            return lr
+        return lr * max(0.0, 1.0 - self.steps / self.cfg.run.total_steps)
+
+    def _rewards(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        lc = self.cfg.learner
+        if lc.reward_scale == 1.0 and not lc.reward_clip:
+            return batch
+        r = batch["reward"] * lc.reward_scale
+        if lc.reward_clip:
+            r = r.clamp(-lc.reward_clip, lc.reward_clip)
+        return {**batch, "reward": r}
+
+    def sample_sequences(self, batch_size: int | None = None) -> dict[str, torch.Tensor]:
+        """A batch of sequences shaped as the replay gives them (zeros where the replay is still empty): what a
+        profile times one gradient step on."""
+        n = batch_size or self.r.batch_size
+        rp = self.replay
+        if rp.filled >= n:
+            _, _, seq = rp.sample(n, self.r.importance_exponent)
+            seq.pop("generation")
+            return seq
+        t1 = rp.seq_len
+        return {"obs": torch.from_numpy(np.zeros((t1, n, *rp.obs.shape[2:]), dtype=rp.obs.dtype)),
+                "action": torch.zeros(t1, n, dtype=torch.int64), "reward": torch.zeros(t1, n),
+                "done": torch.zeros(t1, n, dtype=torch.bool), "first": torch.zeros(t1, n, dtype=torch.bool),
+                "core": torch.zeros(n, rp.core.shape[1])}
 
     def due(self) -> bool:
         """Whether the replay ratio asks for another gradient step now."""
@@ -472,7 +509,7 @@ class R2D2Agent:
 
     def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         t0 = time.perf_counter()
-        seqs = self.assembler.add(batch)
+        seqs = self.assembler.add(self._rewards(batch))
         if seqs is not None:
             self.replay.add(seqs)
         t1 = time.perf_counter()
@@ -486,6 +523,8 @@ class R2D2Agent:
             slots, weights, seq = self.replay.sample(self.r.batch_size, self.r.importance_exponent)
             generation = seq.pop("generation")
             tb = time.perf_counter()
+            for g in self.optimizer.param_groups:
+                g["lr"] = self.lr_now()
             out = self.algo.train(seq, weights)
             tc = time.perf_counter()
             self.replay.update_priorities(slots, out.pop("priorities").numpy(), generation.numpy())

@@ -92,6 +92,11 @@ def env_ceiling(cfg: C.Config, num_actors: int, seconds: float = 5.0, warmup: fl
 
 def learner_ceiling(cfg: C.Config, seconds: float = 5.0, warmup_updates: int = 3) -> dict:
     """SPS of learner updates on one batch already in memory (observations from real env steps)."""
+    if cfg.learner.agent != "vtrace":
+        from rlbalance.config import ConfigError
+
+        raise ConfigError(f"learner.agent={cfg.learner.agent}: this measurement times the V-trace learner's update; "
+                          "R2D2's is not modelled yet (use learner.agent=vtrace)")
     spec = probe_spec(cfg.env)
     torch.set_num_threads(cfg.learner.torch_threads)
     device = resolve_device(cfg.learner.device)
