@@ -191,7 +191,8 @@ class LearnerConfig:
     core: str = _f("none", "'lstm': a recurrent core (an LSTM cell of learner.core_size) between the torso (MLP or "
                    "Nature CNN) and the heads, for partially observed tasks; each env's state lives with its "
                    "policy (the central inference server, or the actor), is reset at episode ends, and each unroll "
-                   "records the state it started from, which the learner trains from. 'none': feed-forward.")
+                   "records the state it started from, which the learner trains from. 'none': feed-forward (with "
+                   "learner.agent=r2d2: a Q-network without the LSTM, the memory task's control).")
     core_size: int = _f(128, "Units of the LSTM core (learner.core=lstm).")
     unroll_length: int = _f(20, "Unroll length T (steps per trajectory).")
     batch_size: int = _f(16, "Unrolls (single-env trajectories) per learner batch, B; a multiple of "
@@ -227,7 +228,7 @@ class LearnerConfig:
     @property
     def core_units(self) -> int:
         """The recurrent core's units (0: feed-forward), the last size of every stored core state."""
-        return self.core_size if self.core == "lstm" or self.agent == "r2d2" else 0
+        return self.core_size if self.core == "lstm" else 0
 
     def __post_init__(self) -> None:
         _require(self.agent in AGENTS, "learner.agent", self.agent, f"one of {AGENTS}")
@@ -480,8 +481,6 @@ class Config:
                  "rows of every period never get a target")
         _require(not self.learner.normalize_observations, "learner.normalize_observations",
                  self.learner.normalize_observations, "is not supported with learner.agent=r2d2: set it to false")
-        _require(self.learner.core == "lstm", "learner.core", self.learner.core,
-                 "R2D2 runs a recurrent core: use learner.core=lstm (the r2d2 preset sets it)")
         _require(self.inference.mode == "central", "inference.mode", self.inference.mode,
                  "learner.agent=r2d2 acts through the central inference server (SEED's way): use inference.mode=central")
         _require(not self.ray.enabled, "ray.address", self.ray.address,

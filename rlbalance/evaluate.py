@@ -3,7 +3,8 @@
 Each of the K envs plays the same number of games (episodes / K, rounded up), so short games are not
 over-counted the way "the first N games to finish" would. Returns are whole-game returns, unclipped
 (with episodic life, all lives of a game). Actions are sampled from the policy, as in training, or the
-most likely action with ``greedy``. Envs are seeded apart from the training seeds.
+most likely action with ``greedy`` (an R2D2 Q-network: always its greedy action). Envs are seeded apart from the
+training seeds.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
 
     result = {
         "env": env_cfg.id, "checkpoint": str(ckpt_path), "checkpoint_steps": int(state["steps"]),
-        "checkpoint_updates": int(state["updates"]), "policy": "greedy" if greedy else "sampled",
+        "checkpoint_updates": int(state["updates"]), "policy": _policy_kind(model, greedy),
         # complete: every env played its games; False where --max-steps ran out first (the games played are kept)
         "complete": len(flat) == per_env * num_envs,
         "episodes": len(flat), "games_per_env": per_env, "num_envs": num_envs, "seed": seed,
@@ -182,4 +183,11 @@ def record_video(run_dir: str | Path, out: str | Path | None = None, greedy: boo
     tmp.replace(path)
     return {"path": str(path), "frames": frames, "fps": fps, "seconds": frames / fps, "agent_steps": steps,
             "game_over": over, "return": ret, "checkpoint_steps": int(state["steps"]),
-            "policy": "greedy" if greedy else "sampled"}
+            "policy": _policy_kind(model, greedy)}
+
+
+def _policy_kind(model, greedy: bool) -> str:
+    """How the actions were chosen: an R2D2 Q-network always plays greedily here (no exploration rate)."""
+    from .agents.r2d2 import R2D2Net
+
+    return "greedy" if greedy or isinstance(model, R2D2Net) else "sampled"

@@ -244,7 +244,7 @@ def build_model(cfg: LearnerConfig, spec: EnvSpec) -> ActorCritic:
                               f"has {spec.action.describe()}: use learner.agent=vtrace")
         if kind == "nature_cnn":
             _check_cnn_shape(spec)
-        return R2D2Net(spec.obs_shape, spec.num_actions, cfg.hidden_sizes, cfg.core_size, cnn=kind == "nature_cnn")
+        return R2D2Net(spec.obs_shape, spec.num_actions, cfg.hidden_sizes, cfg.core_units, cnn=kind == "nature_cnn")
     if kind == "mlp":
         in_dim = int(np.prod(spec.obs_shape))
         norm = ObsNorm(tuple(spec.obs_shape)) if cfg.normalize_observations else None
@@ -263,8 +263,8 @@ def _check_cnn_shape(spec: EnvSpec) -> None:
 
 def core_state_size(cfg: LearnerConfig, spec: EnvSpec) -> int:
     """The size of one env's recurrent state for this model (0: feed-forward): what buffers and slots hold."""
-    if cfg.agent == "r2d2":  # one LSTM (h, c) between the torso and the dueling head
-        return 2 * cfg.core_size
+    if cfg.agent == "r2d2":  # one LSTM (h, c) between the torso and the dueling head (none: learner.core=none)
+        return 2 * cfg.core_units
     return cfg.core_units * (4 if resolve_model(cfg, spec) == "mlp" else 2)
 
 

@@ -161,14 +161,16 @@ class R2D2Net(nn.Module):
             self.torso, out = _nature_cnn(obs_shape[0], obs_shape[1])
         else:
             self.torso, out = _mlp(int(np.prod(obs_shape)), hidden_sizes), hidden_sizes[-1]
-        self.core = nn.LSTMCell(out, core_size)
+        # core_size 0: no LSTM (a feed-forward Q-network on the same sequence replay: the memory task's control)
+        self.core = nn.LSTMCell(out, core_size) if core_size else None
+        head_in = core_size or out
         self.core_size, self.num_actions = core_size, num_actions
         self.state_size = 2 * core_size
         # What the buffers' "logits" rows hold for this agent: the Q-values of the step (a Discrete space's
         # parameters, so evaluation's greedy action, the mode, is argmax Q).
         self.action = ActionSpec.discrete(num_actions)
-        self.value = nn.Linear(core_size, 1)
-        self.advantage = nn.Linear(core_size, num_actions)
+        self.value = nn.Linear(head_in, 1)
+        self.advantage = nn.Linear(head_in, num_actions)
 
     def initial_state(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.zeros(n, 2 * self.core_size, device=device)
@@ -180,9 +182,13 @@ class R2D2Net(nn.Module):
         return self.torso(x)
 
     def _step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h, c = self.core(x, (state[:, :self.core_size], state[:, self.core_size:]))
+        if self.core is None:
+            h, state = x, state
+        else:
+            h, c = self.core(x, (state[:, :self.core_size], state[:, self.core_size:]))
+            state = torch.cat([h, c], dim=1)
         adv = self.advantage(h)
-        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True), torch.cat([h, c], dim=1)
+        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True), state
 
     def forward(self, obs: torch.Tensor, state0: torch.Tensor, first: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,6 +298,8 @@ class R2D2Learner:
         td = td.detach()
         out = {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "q_mean": float(q_taken.detach().mean()),
                "td_abs": float(td.abs().mean()), "priorities": sequence_priorities(td, s.priority_eta).cpu()}
+        if "q" in b:  # |Q learner - Q the actors acted by| over the learned rows: float noise at still weights
+            out["q_gap"] = float((q[:-1].detach() - b["q"][burn:-1]).abs().mean())
         out.update(time_h2d=t1 - t0, time_fwd_bwd=t2 - t1, time_optim=time.perf_counter() - t2)
         return out
 
@@ -303,9 +311,11 @@ class SequenceReplay:
     named by the error when the replay does not fit in memory."""
 
     def __init__(self, capacity: int, seq_len: int, obs_shape: tuple[int, ...], obs_dtype, state_size: int,
-                 alpha: float = 0.9, seed: int = 0, field: str = "capacity", memory_fraction: float = 0.8):
+                 alpha: float = 0.9, seed: int = 0, field: str = "capacity", memory_fraction: float = 0.8,
+                 num_actions: int = 0):
         obs_dtype = np.dtype(obs_dtype)
-        self.bytes = self.check_fits(capacity, seq_len, obs_shape, obs_dtype, state_size, field, memory_fraction)
+        self.bytes = self.check_fits(capacity, seq_len, obs_shape, obs_dtype, state_size, field, memory_fraction,
+                                     num_actions)
         self.capacity, self.seq_len = capacity, seq_len
         self.obs = np.zeros((capacity, seq_len, *obs_shape), dtype=obs_dtype)
         self.action = np.zeros((capacity, seq_len), dtype=np.int64)
@@ -313,6 +323,8 @@ class SequenceReplay:
         self.done = np.zeros((capacity, seq_len), dtype=bool)
         self.first = np.zeros((capacity, seq_len), dtype=bool)
         self.core = np.zeros((capacity, state_size), dtype=np.float32)
+        # the Q-values the actors acted by ([.., 0] where not kept): the learner's check that it sees what they saw
+        self.q = np.zeros((capacity, seq_len, num_actions), dtype=np.float32)
         self.sampler = PrioritySampler(capacity, alpha, seed)
         self.generation = np.zeros(capacity, dtype=np.int64)  # bumped when a slot takes a new sequence
         self.next = 0
@@ -323,14 +335,15 @@ class SequenceReplay:
 
     @staticmethod
     def check_fits(capacity: int, seq_len: int, obs_shape: tuple[int, ...], obs_dtype, state_size: int,
-                   field: str = "capacity", memory_fraction: float = 0.8) -> int:
+                   field: str = "capacity", memory_fraction: float = 0.8, num_actions: int = 0) -> int:
         """The replay's bytes; a ConfigError naming ``field`` and the largest size that fits where it would not fit in
         ``memory_fraction`` of the free memory."""
         import psutil
 
         from rlbalance.config import ConfigError
 
-        per_seq = seq_len * (int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 8 + 4 + 1 + 1) + 4 * state_size
+        per_seq = (seq_len * (int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 8 + 4 + 1 + 1 + 4 * num_actions)
+                   + 4 * state_size)
         total = capacity * per_seq
         available = psutil.virtual_memory().available
         if capacity < 1 or total > memory_fraction * available:
@@ -346,6 +359,8 @@ class SequenceReplay:
         slots = (self.next + np.arange(n)) % self.capacity
         for name in ("obs", "action", "reward", "done", "first", "core"):
             getattr(self, name)[slots] = seqs[name]
+        if "q" in seqs and self.q.shape[-1]:
+            self.q[slots] = seqs["q"]
         self.generation[slots] += 1
         p = np.full(n, self.max_priority) if priorities is None else np.asarray(priorities, dtype=np.float64)
         self.sampler.update(slots, p)
@@ -363,6 +378,8 @@ class SequenceReplay:
         out = {name: torch.from_numpy(np.ascontiguousarray(np.swapaxes(getattr(self, name)[slots], 0, 1)))
                for name in ("obs", "action", "reward", "done", "first")}
         out["core"] = torch.from_numpy(self.core[slots])
+        if self.q.shape[-1]:
+            out["q"] = torch.from_numpy(np.ascontiguousarray(np.swapaxes(self.q[slots], 0, 1)))
         out["generation"] = torch.from_numpy(self.generation[slots].copy())
         return slots, torch.from_numpy(w), out
 
@@ -402,6 +419,7 @@ class SequenceAssembler:
         reward = batch["reward"].numpy()
         cut = (batch["done"] | batch["truncated"]).numpy()  # a time limit also ends the trace (no bootstrap there)
         core = batch["core"].numpy()
+        q = batch["logits"].numpy()  # the Q-values each action was chosen by
         clients, unrolls = batch["client"].tolist(), batch["unroll"].tolist()
         n_buf = len(clients)
         k = action.shape[1] // n_buf
@@ -411,7 +429,7 @@ class SequenceAssembler:
                 col = i * k + e
                 key = (clients[i], e)
                 piece = (unrolls[i], obs[:, col].copy(), action[:-1, col].copy(), reward[:-1, col].copy(),
-                         cut[:-1, col].copy(), core[col].copy())
+                         cut[:-1, col].copy(), core[col].copy(), q[:-1, col].copy())
                 chain = self.chains.get(key)
                 if chain is None or chain[-1][0] + 1 != piece[0]:
                     chain = self.chains[key] = deque(maxlen=self.units)
@@ -432,10 +450,10 @@ class SequenceAssembler:
             return np.concatenate([x, np.full((x.shape[0], 1, *x.shape[2:]), last, dtype=x.dtype)], axis=1)
 
         obs = rows(1)
-        action, reward, cut = rows(2, 0), rows(3, 0), rows(4, False)
+        action, reward, cut, q = rows(2, 0), rows(3, 0), rows(4, False), rows(6, 0.0)
         first = np.zeros_like(cut)
         first[:, 1:] = cut[:, :-1]  # (the rule the actors reset their states by)
-        return {"obs": obs, "action": action, "reward": reward, "done": cut, "first": first,
+        return {"obs": obs, "action": action, "reward": reward, "done": cut, "first": first, "q": q,
                 "core": np.stack([s[0][5] for s in seqs])}
 
 
@@ -462,7 +480,7 @@ class R2D2Agent:
         self.assembler = SequenceAssembler(units)
         self.replay = SequenceReplay(r.replay_size, units * lc.unroll_length + 1, obs_shape, obs_dtype,
                                      model.state_size, alpha=r.priority_exponent, seed=cfg.run.seed,
-                                     field="r2d2.replay_size")
+                                     field="r2d2.replay_size", num_actions=model.num_actions)
         self.steps = 0
         self.last: dict[str, float] = {}
         self.totals = {"insert_s": 0.0, "sample_s": 0.0, "priority_s": 0.0}

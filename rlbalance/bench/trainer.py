@@ -41,12 +41,15 @@ WORKLOADS = {
                       "learner": {"batch_size": 16, "unroll_length": 20, "learning_rate": 8e-4, "reward_clip": 1.0,
                                   "max_grad_norm": 0.5, "torch_threads": 2}},
     "synthetic": {"env": {"id": "synthetic", "synthetic_step_us": 20.0}},
+    # R2D2 (learner.agent=r2d2, its preset over the family's) on the same envs, for the sweep of R2D2 against V-trace
+    "cartpole-r2d2": {"learner": {"agent": "r2d2"}},
+    "pong-r2d2": {"env": {"id": "ALE/Pong-v5"}, "learner": {"agent": "r2d2"}},
     # MuJoCo continuous control with the continuous preset (Gaussian policy, 10 APPO epochs per batch).
     "halfcheetah": {"env": {"id": "HalfCheetah-v5"}},
 }
 
 # End-to-end env steps per actor count where the default (500k) would take too long here.
-DEFAULT_STEPS = {"pong": 25_000, "pong-previous": 25_000, "halfcheetah": 60_000}
+DEFAULT_STEPS = {"pong": 25_000, "pong-previous": 25_000, "pong-r2d2": 25_000, "halfcheetah": 60_000}
 
 
 def workload_config(name: str, extra: dict | None = None) -> C.Config:
@@ -91,12 +94,11 @@ def env_ceiling(cfg: C.Config, num_actors: int, seconds: float = 5.0, warmup: fl
 
 
 def learner_ceiling(cfg: C.Config, seconds: float = 5.0, warmup_updates: int = 3) -> dict:
-    """SPS of learner updates on one batch already in memory (observations from real env steps)."""
-    if cfg.learner.agent != "vtrace":
-        from rlbalance.config import ConfigError
-
-        raise ConfigError(f"learner.agent={cfg.learner.agent}: this measurement times the V-trace learner's update; "
-                          "R2D2's is not modelled yet (use learner.agent=vtrace)")
+    """SPS of learner updates on one batch already in memory (observations from real env steps). R2D2: gradient
+    steps on a batch of sequences, each worth batch_size x period / replay_ratio env steps (what the actors must
+    deliver per step at the asked ratio)."""
+    if cfg.learner.agent == "r2d2":
+        return _r2d2_ceiling(cfg, seconds, warmup_updates)
     spec = probe_spec(cfg.env)
     torch.set_num_threads(cfg.learner.torch_threads)
     device = resolve_device(cfg.learner.device)
@@ -124,6 +126,26 @@ def learner_ceiling(cfg: C.Config, seconds: float = 5.0, warmup_updates: int = 3
     dt = time.perf_counter() - t0
     sps = n * t * nb * k / dt
     return {"sps": sps, "updates_per_s": n / dt, "device": str(device)}
+
+
+def _r2d2_ceiling(cfg: C.Config, seconds: float, warmup_updates: int) -> dict:
+    from rlbalance.train import make_learner
+
+    spec = probe_spec(cfg.env)
+    torch.set_num_threads(cfg.learner.torch_threads)
+    device = resolve_device(cfg.learner.device)
+    agent = make_learner(build_model(cfg.learner, spec), cfg, spec, device)
+    seqs = agent.sample_sequences()
+    for _ in range(warmup_updates):
+        agent.algo.train(seqs)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        agent.algo.train(seqs)
+        n += 1
+    dt = time.perf_counter() - t0
+    per_step = cfg.r2d2.batch_size * cfg.learner.unroll_length / cfg.r2d2.replay_ratio
+    return {"sps": n * per_step / dt, "updates_per_s": n / dt, "device": str(device),
+            "note": f"R2D2 gradient steps, each worth {per_step:g} env steps at replay ratio {cfg.r2d2.replay_ratio:g}"}
 
 
 def end_to_end(cfg: C.Config, num_actors: int, steps: int, out_dir: Path, label: str) -> dict:

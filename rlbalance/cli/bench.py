@@ -13,6 +13,7 @@
   rlbalance bench ray                          # Ray actors against shared-memory actors, overhead per step
   rlbalance bench seeds --seeds 8              # CartPole learning over seeds with the default config
   rlbalance bench memory --seeds 2             # CartPole without velocities: an LSTM core against feed-forward
+  rlbalance bench memory --set learner.agent=r2d2   # the same with R2D2
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
-                   "(cartpole, pong, synthetic, halfcheetah; cartpole-previous and pong-previous: the settings before each preset, "
+                   "(cartpole, pong, synthetic, halfcheetah; cartpole-r2d2 and pong-r2d2: the same envs with learner.agent=r2d2; "
+                   "cartpole-previous and pong-previous: the settings before each preset, "
                    "to measure what the preset costs in the same run)")
     p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..2x usable CPUs)")
     p.add_argument("--steps", type=int, default=0, help="mujoco-curve: env steps (default 1M); trainer: env steps per end-to-end run "
@@ -46,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "seeds 1..N (default 2)")
     p.add_argument("--modes", default="central", help="seeds: comma-separated inference modes (central, actor)")
     p.add_argument("--set", metavar="SECTION.FIELD=VALUE", action="append", default=[],
-                   help="seeds, pong-curve, chaos: a config override on top of the defaults, e.g. --set learner.max_grad_norm=2 "
+                   help="seeds, pong-curve, chaos (memory: only learner.agent): a config override on top of the defaults, e.g. --set learner.max_grad_norm=2 "
                    "(repeatable)")
 
 
@@ -111,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
         seeds = args.seeds or 2
         if seeds < 1:
             raise C.ConfigError(f"--seeds {seeds}: at least 1")
-        print(run_memory(out / "recurrent", seeds, args.steps or 150_000))
+        extra = C.parse_set(args.set)
+        agent = str(extra.get("learner", {}).get("agent", "vtrace"))
+        C.build({"learner": {"agent": agent}})  # an unknown agent fails here, naming the field
+        print(run_memory(out / ("recurrent" if agent == "vtrace" else f"recurrent-{agent}"), seeds,
+                         args.steps or 150_000, agent=agent))
         return 0
     if args.name == "mujoco-curve":
         from rlbalance.bench.pong_curve import run_mujoco_curve, write_curve
