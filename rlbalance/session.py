@@ -87,6 +87,28 @@ def _timed(warm: RoleShares | None, whole: RoleShares | None) -> tuple[RoleShare
     return (warm.with_roles(whole, missing) if missing else warm), True
 
 
+def replay_verdict(verdict: dict, replay: dict) -> None:
+    """R2D2: what the verdict means for the replay. The learner samples r2d2.replay_ratio sequences per sequence
+    inserted and takes no new unrolls until it has, so it never falls behind the asked ratio: where it is the
+    slower side the actors wait (learner-bound), where the actors are, the replay starves and the learner waits
+    (actor-bound)."""
+    asked, got = replay["ratio_asked"], replay.get("ratio_since_learning_starts")
+    held = f"replay ratio {got:.2f} of the {asked:g} asked since learning started" if got is not None else \
+        f"the replay has not reached r2d2.learning_starts={replay['learning_starts']} sequences yet"
+    if verdict["verdict"] == "learner-bound":
+        verdict["evidence"] += (f"; R2D2 holds the {held} by making the actors wait for the learner's gradient "
+                                "steps")
+        verdict["advice"] += ("; with R2D2, a lower r2d2.replay_ratio or r2d2.batch_size trades sample reuse for "
+                              "throughput")
+    elif verdict["verdict"] == "actor-bound":
+        verdict["evidence"] += (f"; the actors starve the replay: the learner has taken its samples ({held}) and "
+                                "waits for new sequences")
+    else:
+        verdict["evidence"] += f"; R2D2: {held}"
+    verdict["figures"]["replay_ratio_asked"] = asked
+    verdict["figures"]["replay_ratio_since_learning_starts"] = got
+
+
 STRAGGLER_GAP = 0.15  # a learner rank waiting for its actors' data this much more of its time than the others
 
 
@@ -281,6 +303,7 @@ class Session:
         replay = getattr(self.learner, "replay_figures", None)
         if replay is not None:  # R2D2: what the replay did, and whether the asked ratio held
             self.extra_info["replay"] = replay()
+            replay_verdict(verdict, self.extra_info["replay"])
         return {"stage_shares": shares, "hardware": hw, "verdict": verdict, "latency_ms": latencies,
                 "transport": transport,
                 "verdict_timeline": self.verdicts,

@@ -321,6 +321,7 @@ def test_r2d2_with_central_inference_keeps_the_asked_replay_ratio_and_reports_th
     learner = tel["stage_shares"]["learner"]
     assert learner["replay_insert"] > 0 and learner["replay_sample"] > 0 and learner["priority_update"] > 0
     assert tel["replay"]["inserted"] == rp["inserted"]
+    assert "replay ratio" in s["verdict_evidence"] and tel["verdict"]["figures"]["replay_ratio_asked"] == 4.0
     recs = [json.loads(line) for line in open(os.path.join(s["run_dir"], "metrics.jsonl"))]
     assert any("loss/td_abs" in r for r in recs) and recs[-1]["loss/replay_fill"] > 0
 
@@ -411,3 +412,18 @@ def test_the_learner_sees_the_q_values_the_actors_acted_by(cfg_factory, mode):
     recs = [json.loads(line) for line in open(os.path.join(s["run_dir"], "metrics.jsonl"))]
     gaps = [r["loss/q_gap"] for r in recs if "loss/q_gap" in r]
     assert gaps and max(gaps) < 1e-4, gaps
+
+
+def test_the_verdict_says_who_the_replay_waits_for():
+    from rlbalance.session import replay_verdict
+
+    replay = {"ratio_asked": 4.0, "ratio_since_learning_starts": 3.99, "learning_starts": 100}
+    lrn = {"verdict": "learner-bound", "evidence": "e", "advice": "a", "figures": {}}
+    replay_verdict(lrn, replay)
+    assert "making the actors wait" in lrn["evidence"] and "r2d2.replay_ratio" in lrn["advice"]
+    act = {"verdict": "actor-bound", "evidence": "e", "advice": "a", "figures": {}}
+    replay_verdict(act, replay)
+    assert "starve the replay" in act["evidence"] and "3.99 of the 4 asked" in act["evidence"]
+    early = {"verdict": "actor-bound", "evidence": "e", "advice": "a", "figures": {}}
+    replay_verdict(early, {**replay, "ratio_since_learning_starts": None})
+    assert "r2d2.learning_starts=100" in early["evidence"]

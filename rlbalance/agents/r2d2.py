@@ -567,7 +567,9 @@ class R2D2Agent:
     def replay_figures(self) -> dict:
         """For telemetry.json and the summary: what the replay did this session."""
         rp, r = self.replay, self.r
-        return {"ratio_asked": r.replay_ratio, "ratio_achieved": rp.replay_ratio(), "inserted": rp.inserted,
+        since = rp.inserted - r.learning_starts
+        return {"ratio_asked": r.replay_ratio, "ratio_achieved": rp.replay_ratio(),
+                "ratio_since_learning_starts": rp.sampled / since if since > 0 else None, "inserted": rp.inserted,
                 "sampled": rp.sampled, "fill": rp.filled / rp.capacity, "capacity": rp.capacity,
                 "sequence_rows": rp.seq_len, "bytes": rp.bytes, "learning_starts": r.learning_starts,
                 "insert_s": self.totals["insert_s"], "sample_s": self.totals["sample_s"],
