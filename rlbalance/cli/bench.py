@@ -29,9 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
-                   "(cartpole, pong, synthetic, halfcheetah; cartpole-r2d2 and pong-r2d2: the same envs with learner.agent=r2d2; "
-                   "cartpole-previous and pong-previous: the settings before each preset, "
-                   "to measure what the preset costs in the same run)")
+                   "(cartpole, pong, synthetic, halfcheetah; cartpole-previous and pong-previous: the settings before each preset, "
+                   "to measure what the preset costs in the same run; cartpole-r2d2 and pong-r2d2: the same envs "
+                   "with learner.agent=r2d2)")
     p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..2x usable CPUs)")
     p.add_argument("--steps", type=int, default=0, help="mujoco-curve: env steps (default 1M); trainer: env steps per end-to-end run "
                    "(default 500k CartPole, 25k Pong, 60k HalfCheetah); seeds: env steps per run (default 500k)")
