@@ -57,12 +57,15 @@ class _Tree:
                 maps = Path(f"/proc/{p.pid}/maps")
                 names = {line.split(None, 5)[5].strip() for line in maps.read_text().splitlines()
                          if "/dev/shm/" in line and len(line.split(None, 5)) == 6} if maps.exists() else set()
+                # (read here too: a process that exits between the listing and this read is simply gone; a clean-
+                # clone CI run failed on psutil.NoSuchProcess from a cmdline read outside this guard)
+                what = " ".join(p.cmdline())[-120:] if p.pid not in self.seen else None
             except (psutil.Error, OSError):
                 continue
             with self._lock:
                 if p.pid not in self.seen:
                     self.seen[p.pid] = ct
-                    self.what[p.pid] = " ".join(p.cmdline())[-120:]
+                    self.what[p.pid] = what or "?"
                 self.shm.update(n.replace(" (deleted)", "") for n in names if not n.endswith("(deleted)"))
 
     def alive(self) -> list[int]:
