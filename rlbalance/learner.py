@@ -15,6 +15,12 @@ BATCH_KEYS = ("obs", "action", "logits", "reward", "done", "truncated", "final_o
 PER_BUFFER_KEYS = ("version", "client", "unroll")  # one value per buffer of the batch, not per unroll column
 
 
+def batch_to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A batch on ``device``: on CUDA pinned first, then copied without blocking."""
+    nb = device.type == "cuda"
+    return {k: (v.pin_memory() if nb else v).to(device, non_blocking=nb) for k, v in batch.items()}
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or inf; training stops and the last good checkpoint is kept."""
 
@@ -65,9 +71,7 @@ class Learner:
         return lr * max(0.0, 1.0 - self.steps / self.total_steps)
 
     def to_device(self, batch: dict[str, torch.Tensor], device: torch.device | None = None) -> dict[str, torch.Tensor]:
-        device = device or self.device
-        nb = device.type == "cuda"
-        return {k: (v.pin_memory() if nb else v).to(device, non_blocking=nb) for k, v in batch.items()}
+        return batch_to(batch, device or self.device)
 
     def loss(self, b: dict[str, torch.Tensor], model: torch.nn.Module | None = None,
              targets: tuple[torch.Tensor, torch.Tensor] | None = None

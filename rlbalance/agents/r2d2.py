@@ -254,8 +254,9 @@ class R2D2Learner:
         from). ``weights`` [B]: importance weights (None: 1). Returns the loss figures and ``priorities`` [B]."""
         s = self.s
         t0 = time.perf_counter()
-        nb = self.device.type == "cuda"
-        b = {k: (v.pin_memory() if nb else v).to(self.device, non_blocking=nb) for k, v in batch.items()}
+        from rlbalance.learner import batch_to
+
+        b = batch_to(batch, self.device)
         t1 = time.perf_counter()
         burn = s.burn_in
         if b["action"].shape[0] <= burn + s.n_step:
@@ -475,7 +476,6 @@ class R2D2Agent:
                                 rescale_eps=r.rescale_eps)
         self.algo = R2D2Learner(model, settings, device, step_lock)
         self.model, self.device, self.optimizer = self.algo.net, self.algo.device, self.algo.optimizer
-        self.world = 1
         units = (r.burn_in + r.sequence_length) // lc.unroll_length
         self.assembler = SequenceAssembler(units)
         self.replay = SequenceReplay(r.replay_size, units * lc.unroll_length + 1, obs_shape, obs_dtype,
@@ -484,7 +484,6 @@ class R2D2Agent:
         self.steps = 0
         self.last: dict[str, float] = {}
         self.totals = {"insert_s": 0.0, "sample_s": 0.0, "priority_s": 0.0}
-        self.cuda = self.device.type == "cuda"
 
     @property
     def updates(self) -> int:
