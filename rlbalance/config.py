@@ -297,6 +297,11 @@ class R2D2Config:
     epsilon_alpha: float = _f(7.0, "Exploration ladder exponent alpha (see r2d2.epsilon_base).")
     rescale_eps: float = _f(1e-3, "epsilon of the invertible value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + eps x.")
 
+    @property
+    def rows(self) -> int:
+        """Rows of one stored sequence: burn-in, sequence and the row after it (its last bootstrap observation)."""
+        return self.burn_in + self.sequence_length + 1
+
     def __post_init__(self) -> None:
         for name in ("sequence_length", "n_step", "batch_size", "replay_size", "target_update_every"):
             _require(getattr(self, name) >= 1, f"r2d2.{name}", getattr(self, name), "must be >= 1")

@@ -46,6 +46,12 @@ class ObsNorm(nn.Module):
         self.count.copy_(total)
 
 
+def lstm_step(core: nn.LSTMCell, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One LSTM step; ``state`` [N, 2H] holds (h, c) side by side: returns (h, the new [N, 2H])."""
+    h, c = core(x, (state[:, :core.hidden_size], state[:, core.hidden_size:]))
+    return h, torch.cat([h, c], dim=1)
+
+
 class ActorCritic(nn.Module):
     """``forward(obs) -> (policy parameters [N, P], value [N])``; uint8 observations are scaled to [0, 1].
 
@@ -124,18 +130,13 @@ class ActorCritic(nn.Module):
         """The core state of ``n`` envs at the start of an episode: zeros [n, state_size]."""
         return torch.zeros(n, self.state_size, device=device)
 
-    def _step(self, core: nn.LSTMCell, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One LSTM step; ``state`` [N, 2H] (h, c): returns (h, the new [N, 2H])."""
-        h, c = core(x, (state[:, :self.core_size], state[:, self.core_size:]))
-        return h, torch.cat([h, c], dim=1)
-
     def _policy_step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's features and the next state, for observations [N, ...] after states [N, state_size]."""
         x = self._prep(obs)
-        h, pol = self._step(self.core, self.torso(x), state[:, :2 * self.core_size])
+        h, pol = lstm_step(self.core, self.torso(x), state[:, :2 * self.core_size])
         if self.value_core is None:
             return h, pol
-        _, val = self._step(self.value_core, self.value_torso(x), state[:, 2 * self.core_size:])
+        _, val = lstm_step(self.value_core, self.value_torso(x), state[:, 2 * self.core_size:])
         return h, torch.cat([pol, val], dim=1)
 
     @torch.inference_mode()
@@ -166,10 +167,10 @@ class ActorCritic(nn.Module):
         for t in range(t1):
             if t:
                 state = state * keep[t].view(-1, 1)
-            h, pol = self._step(self.core, xp[t], state[:, :two])
+            h, pol = lstm_step(self.core, xp[t], state[:, :two])
             hp.append(h)
             if xv is not None:
-                h, val = self._step(self.value_core, xv[t], state[:, two:])
+                h, val = lstm_step(self.value_core, xv[t], state[:, two:])
                 pol = torch.cat([pol, val], dim=1)
             hv.append(h)
             state = pol
@@ -181,9 +182,9 @@ class ActorCritic(nn.Module):
         bootstrap from a time limit's last observation)."""
         x = self._prep(obs)
         if self.value_core is None:
-            h, _ = self._step(self.core, self.torso(x), state)
+            h, _ = lstm_step(self.core, self.torso(x), state)
         else:
-            h, _ = self._step(self.value_core, self.value_torso(x), state[:, 2 * self.core_size:])
+            h, _ = lstm_step(self.value_core, self.value_torso(x), state[:, 2 * self.core_size:])
         return self.baseline(h).squeeze(-1)
 
 

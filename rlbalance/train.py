@@ -196,7 +196,7 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         from .agents.r2d2 import SequenceReplay
 
         r = cfg.r2d2
-        SequenceReplay.check_fits(r.replay_size, r.burn_in + r.sequence_length + 1, spec.obs_shape, spec.obs_dtype,
+        SequenceReplay.check_fits(r.replay_size, r.rows, spec.obs_shape, spec.obs_dtype,
                                   model.state_size, "r2d2.replay_size", num_actions=model.num_actions)
     episodes = EpisodeStats()
     model_lock = threading.Lock()

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlbalance.model import lstm_step
+
 RESCALE_EPS = 1e-3
 
 
@@ -185,8 +187,7 @@ class R2D2Net(nn.Module):
         if self.core is None:
             h, state = x, state
         else:
-            h, c = self.core(x, (state[:, :self.core_size], state[:, self.core_size:]))
-            state = torch.cat([h, c], dim=1)
+            h, state = lstm_step(self.core, x, state)
         adv = self.advantage(h)
         return self.value(h) + adv - adv.mean(dim=-1, keepdim=True), state
 
@@ -478,7 +479,7 @@ class R2D2Agent:
         self.model, self.device, self.optimizer = self.algo.net, self.algo.device, self.algo.optimizer
         units = (r.burn_in + r.sequence_length) // lc.unroll_length
         self.assembler = SequenceAssembler(units)
-        self.replay = SequenceReplay(r.replay_size, units * lc.unroll_length + 1, obs_shape, obs_dtype,
+        self.replay = SequenceReplay(r.replay_size, r.rows, obs_shape, obs_dtype,
                                      model.state_size, alpha=r.priority_exponent, seed=cfg.run.seed,
                                      field="r2d2.replay_size", num_actions=model.num_actions)
         self.steps = 0
