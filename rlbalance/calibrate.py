@@ -5,7 +5,8 @@ Terms measured, each the median of a few repetitions:
 - env step cost per core (microseconds per env step, random actions, one process) at several K;
 - SMT effect: the same on two sibling hardware threads of one core, where the machine has them;
 - inference latency (policy forward + sampling) against batch size, on the learner device;
-- training step time against batch size (unrolls of length T), on the learner device;
+- training step time against batch size (unrolls of length T; R2D2: gradient steps on batches of stored
+  sequences, each due for every B x T / replay_ratio env steps), on the learner device;
 - transport: the round trip of a one-byte message on a pipe between two processes, and the cost of
   copying observations per byte (what the shared-memory path does per step);
 - the pipeline loop: short real training runs of the workload's shape (observation shape, K, env
@@ -183,6 +184,10 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1
                            "env_groups": cfg.actors.env_groups},
                 "inference": {"mode": cfg.inference.mode},
                 "learner": {**asdict(cfg.learner), "model": resolve_model(cfg.learner, spec)},
+                # R2D2: the learner trains from the first batch of sequences on (a short loop would otherwise
+                # end before learning_starts), on a replay small enough to allocate at once
+                "r2d2": {**asdict(cfg.r2d2), "learning_starts": cfg.r2d2.batch_size,
+                         "replay_size": min(cfg.r2d2.replay_size, max(4 * cfg.r2d2.batch_size, 256))},
                 "run": {"total_steps": 10**9, "max_seconds": seconds, "out_dir": tmp, "name": "pipeline"},
                 "telemetry": {"progress": False, "report": False, "tensorboard": False, "warmup_s": seconds / 4,
                               "hardware_interval_s": 0.5, "log_interval_s": 0.5}}
@@ -198,13 +203,23 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1
             "actor_cpu_us_per_step": cores["actor"] * 1e6 / sps, "learner_cpu_us_per_step": cores["learner"] * 1e6 / sps}
 
 
+def r2d2_step_ms(cfg: C.Config, spec, device, sizes: list[int]) -> dict[str, float]:
+    """Milliseconds per R2D2 gradient step on a batch of b sequences, for each b in ``sizes`` (a replay of just
+    one batch, so an Atari-sized replay is not allocated to time it)."""
+    from .train import make_learner
+
+    out = {}
+    for b in sizes:
+        c2 = replace(cfg, r2d2=replace(cfg.r2d2, batch_size=b, replay_size=b, learning_starts=b))
+        agent = make_learner(build_model(c2.learner, spec), c2, spec, device)
+        seqs = agent.sample_sequences()
+        out[str(b)] = _median_time(lambda: agent.algo.train(seqs), reps=3, min_s=0.3) * 1e3
+    return out
+
+
 def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     spec = probe_spec(cfg.env)
-    if cfg.learner.agent != "vtrace":
-        from rlbalance.config import ConfigError
-
-        raise ConfigError(f"learner.agent={cfg.learner.agent}: this measurement times the V-trace learner's update; "
-                          "R2D2's is not modelled yet (use learner.agent=vtrace)")
+    r2d2 = cfg.learner.agent == "r2d2"
     device = resolve_device(cfg.learner.device)
     torch.set_num_threads(cfg.learner.torch_threads)
     ks = [1, 8] if quick or cfg.env.is_atari else [1, 8, 32]
@@ -226,7 +241,9 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     progress("training step time against batch size ...")
     training = {}
     k = cfg.actors.envs_per_actor
-    for b in ([8, 16] if quick or cfg.env.is_atari else [8, 16, 32, 64]):
+    if r2d2:  # gradient steps on batches of b stored sequences (burn-in + sequence + 1 rows each)
+        training = r2d2_step_ms(cfg, spec, device, [16, 32] if quick or cfg.env.is_atari else [16, 32, 64])
+    for b in [] if r2d2 else ([8, 16] if quick or cfg.env.is_atari else [8, 16, 32, 64]):
         c2 = replace(cfg, actors=replace(cfg.actors, envs_per_actor=b), learner=replace(cfg.learner, batch_size=b))
         learner = Learner(build_model(c2.learner, spec), c2.learner, device, total_steps=10**12)
         bufs = RolloutBuffers.allocate(1, c2.learner.unroll_length, b, spec, shared=False,
@@ -249,13 +266,19 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
                 "source": "measured: synthetic env at 0 us per step, the workload's shapes"}
     from .rundir import hardware_stamp
 
+    t = cfg.learner.unroll_length
+    if r2d2:  # a gradient step on B sequences is due for every B x T / ratio env steps the actors deliver
+        b, rows = cfg.r2d2.batch_size, cfg.r2d2.rows
+        per_step = b * t / cfg.r2d2.replay_ratio
+    else:
+        b, rows, per_step = cfg.learner.batch_size, t + 1, cfg.learner.batch_size * t
     return {
         "format": "rlbalance-calibration-v1",
-        "workload": {"env": cfg.env.id, "model": resolve_model(cfg.learner, spec), "frames_per_step":
-                     spec.frames_per_step, "obs_bytes": obs_bytes, "num_actions": spec.num_actions,
-                     "unroll_length": cfg.learner.unroll_length, "envs_per_actor": k,
-                     "env_groups": cfg.actors.env_groups, "batch_size": cfg.learner.batch_size,
-                     "forward_flops_per_obs": flops},
+        "workload": {"env": cfg.env.id, "agent": cfg.learner.agent, "model": resolve_model(cfg.learner, spec),
+                     "frames_per_step": spec.frames_per_step, "obs_bytes": obs_bytes, "num_actions": spec.num_actions,
+                     "unroll_length": t, "envs_per_actor": k,
+                     "env_groups": cfg.actors.env_groups, "batch_size": b, "rows_per_sample": rows,
+                     "env_steps_per_train_step": per_step, "forward_flops_per_obs": flops},
         "device": str(device), "torch_threads": cfg.learner.torch_threads,
         "env_step_us": env, "actor_loop_us": loop, "smt": smt, "inference_ms": inference, "train_step_ms": training,
         "pipe_round_trip_us": pipe_round_trip_us(500 if quick else 2000),

@@ -6,7 +6,8 @@ Per env step, in microseconds:
 - actor side, on one hardware thread: the actor loop's cost per step at K envs (env step and buffer
   writes; times the SMT factor when actors use sibling threads) + the message round trip shared by K
   envs + copying the observation to the step slot; actor SPS = actor threads x 1e6 / that;
-- learner side, on one accelerator: training time per step (update time / (B x T)) + inference time
+- learner side, on one accelerator: training time per step (update time / (B x T); R2D2: gradient step
+  time / (B x T / replay_ratio), the env steps each gradient step is due for) + inference time
   per step (forward time / batch) at the batch that device's share of the actors keeps in flight (one
   learner process and inference server per device); learner SPS = devices x 1e6 / that.
   On another GPU both scale by its speed relative to the calibrated device: a GPU calibration file where
@@ -143,6 +144,9 @@ def clamped(points: dict[str, dict], n: float, key: str) -> float:
     return interp({str(a): v for a, v in pts}, n)
 
 
+AGENT_DEFAULT = {"agent": "vtrace"}  # calibration files from before R2D2 timed the V-trace learner
+
+
 def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
     """Speed of ``gpu`` relative to the calibrated device for inference and training (roofline, modeled)."""
     w = cal["workload"]
@@ -150,8 +154,9 @@ def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
     b_inf = 128
     t_inf = GPU_INFER_OVERHEAD_MS + w["forward_flops_per_obs"] * b_inf / peak * 1e3
     b_tr = w["batch_size"]
-    samples = b_tr * (w["unroll_length"] + 1)
-    t_tr = GPU_TRAIN_OVERHEAD_MS + 3 * w["forward_flops_per_obs"] * samples / peak * 1e3
+    samples = b_tr * w.get("rows_per_sample", w["unroll_length"] + 1)
+    passes = 4 if w.get("agent") == "r2d2" else 3  # forward and backward (2x); R2D2's target net's forward too
+    t_tr = GPU_TRAIN_OVERHEAD_MS + passes * w["forward_flops_per_obs"] * samples / peak * 1e3
     return {"inference": interp(cal["inference_ms"], b_inf) / t_inf,
             "training": interp(cal["train_step_ms"], b_tr) / t_tr, "source": "modeled (roofline)"}
 
@@ -159,8 +164,8 @@ def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
 def gpu_speed_measured(cal: dict, gpu_cal: dict) -> dict:
     """Speed of the GPU a calibration file was made on, relative to ``cal``'s device: the ratio of their
     measured inference (batch 128) and training (the workload's B) times."""
-    for key in ("env", "model", "unroll_length"):
-        if cal["workload"].get(key) != gpu_cal["workload"].get(key):
+    for key in ("env", "agent", "model", "unroll_length"):
+        if cal["workload"].get(key, AGENT_DEFAULT.get(key)) != gpu_cal["workload"].get(key, AGENT_DEFAULT.get(key)):
             raise ConfigError(f"GPU calibration: workload.{key} is {gpu_cal['workload'].get(key)!r}, the "
                               f"calibration's is {cal['workload'].get(key)!r}; calibrate the same workload on the GPU")
     b = cal["workload"]["batch_size"]
@@ -208,7 +213,7 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     # one inference server per learner device, each batching its own share of the actors (learner.devices=N)
     in_flight = max(k, min(512, actor_threads * k * max(w.get("env_groups", 1), 1) // (2 * max(m.gpus, 1))))
     inf_us = interp(cal["inference_ms"], in_flight) * 1e3 / in_flight
-    train_us = interp(cal["train_step_ms"], b) * 1e3 / (b * t)
+    train_us = interp(cal["train_step_ms"], b) * 1e3 / w.get("env_steps_per_train_step", b * t)
     if m.gpus:
         speed = speed or gpu_speed(cal, m.gpu)
         inf_us, train_us = inf_us / speed["inference"], train_us / speed["training"]

@@ -63,6 +63,16 @@ def test_two_gpus_double_the_learner_side():
     assert two == pytest.approx(2 * one, rel=1e-6)
 
 
+def test_r2d2_learner_side_is_its_gradient_steps_at_the_replay_ratio():
+    """R2D2: a gradient step on B sequences is due for every B x T / replay_ratio env steps, so its time per env
+    step is the step time over that (not over B x T as V-trace's update, which trains on each step once)."""
+    cal = calibration(env_us=1.0, train_ms=100.0, infer_ms=0.01)
+    cal["workload"].update(agent="r2d2", env_steps_per_train_step=25.0, rows_per_sample=31)  # B=10, T=10, ratio 4
+    p = predict(cal, box(), actor_threads=8, speed=SAME)
+    assert p["verdict"] == "learner-bound"
+    assert p["sps"] == pytest.approx(1e6 / (100e3 / 25 + 1), rel=1e-6)  # 4,000 us training + 1 us inference
+
+
 def test_every_device_serves_inference_to_its_own_share_of_the_actors():
     """One inference server per learner device: with a forward pass whose cost does not depend on the batch, two
     devices each batch half the actors' requests, at twice the cost per step, so the learner side gains nothing
@@ -191,6 +201,28 @@ def test_calibrate_plan_and_validate_cli(tmp_path, capsys):
     assert main(["plan", "--calibration", str(cal_path), "--validate", str(tmp_path / "s.db")]) == 0
     out = capsys.readouterr().out
     assert "median absolute error" in out and len(rows) == 2
+
+
+def test_an_r2d2_workload_is_calibrated_and_planned(tmp_path, capsys):
+    """Calibration of an R2D2 workload times its gradient steps on stored sequences (from a replay of one batch)
+    and records how many env steps each is due for; the planner predicts from it."""
+    import json
+
+    from rlbalance.cli import main
+
+    cal_path = tmp_path / "cal.json"
+    assert main(["calibrate", "--quick", "--learner.agent", "r2d2", "--out", str(cal_path)]) == 0
+    cal = json.loads(cal_path.read_text())
+    w = cal["workload"]
+    # the classic-control R2D2 preset: B=32 sequences of 10 burn-in + 20 rows (+1), T=10, replay ratio 4
+    assert (w["agent"], w["batch_size"], w["rows_per_sample"]) == ("r2d2", 32, 31)
+    assert w["env_steps_per_train_step"] == pytest.approx(32 * 10 / 4)
+    assert set(cal["train_step_ms"]) == {"16", "32"} and all(v > 0 for v in cal["train_step_ms"].values())
+    assert cal["pipeline"]["points"]["1"]["sps"] > 0
+    assert main(["plan", "--calibration", str(cal_path), "--systems", "dgx-a100", "--out", str(tmp_path / "plan")]) == 0
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan[0]["prediction"]["fps"] > 0 and plan[0]["prediction"]["verdict"] in (
+        "actor-bound", "learner-bound", "inference-bound")
 
 
 def test_unknown_system_is_named(tmp_path):
