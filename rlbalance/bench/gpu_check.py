@@ -1,5 +1,5 @@
 """The GPU path, for a machine with a CUDA device (the device tool's lent H200): short central-inference
-trainings on CartPole and Pong with learner.device=cuda, a kernel-view capture, and the telemetry's
+trainings on CartPole and Pong with learner.device=cuda (V-trace, and R2D2), a kernel-view capture, and the telemetry's
 NVML figures, which must be *measured* there, and quick GPU calibrations of Pong and CartPole (for
 `rlbalance plan --gpu-calibration`), a short actor sweep on Pong (1, 2, 4, 8, 16 actors, each point a timed
 run: FPS, verdict, GPU utilisation and power), and, where two CUDA devices are visible, learner.devices=2 (one
@@ -47,7 +47,8 @@ def main(out: str = "bench/results", rehearse: bool = False) -> int:
 
     out_p = Path(out)
     res = {"device": "cpu (rehearsal)" if rehearse else torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": {}}
-    for name, steps in (("cartpole", 200_000), ("pong", 40_000)):
+    # V-trace, and R2D2 (its recurrent Q-net's central inference, replay and learner on the GPU)
+    for name, steps in (("cartpole", 200_000), ("pong", 40_000), ("cartpole-r2d2", 60_000), ("pong-r2d2", 20_000)):
         cfg = workload_config(name, {"learner": {"device": device},
                                      "run": {"total_steps": int(steps * scale), "out_dir": str(out_p / "runs"),
                                              "name": f"gpu-{name}-{int(time.time())}"},
