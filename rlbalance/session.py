@@ -239,6 +239,9 @@ class Session:
             "episodes": self.episodes.count, "updates": self.learner.updates,
             "policy_lag": float(np.mean(self.policy_lag)) if self.policy_lag else math.nan,
         })
+        greedy = getattr(self.learner, "greedy_episodes", None)  # R2D2: the least-exploring envs' episodes apart
+        if greedy is not None:
+            scalars["episode_return_greedy"] = greedy.mean_return()
         self.role_snapshot("learner", self.timer.snapshot(reset=True))
         if self.gpu_timer.total:  # shares of the GPU: its busy fraction for training and for inference
             self.role_snapshot("gpu", self.gpu_timer.snapshot(reset=True))

@@ -84,6 +84,16 @@ def test_seeds_bench_tiny(tmp_path, capsys):
     assert "learner.max_grad_norm" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
+def test_seeds_bench_reports_r2d2s_least_exploring_envs_apart(tmp_path):
+    assert main(["bench", "seeds", "--seeds", "1", "--steps", "6000", "--out", str(tmp_path),
+                 "--set", "learner.agent=r2d2"]) == 0
+    doc = json.load(open(tmp_path / "seeds.json"))
+    run = doc["runs"][0]
+    assert run["greedy_curve"] and run["greedy_best"] >= run["greedy_final"] > 0
+    assert doc["summary"]["central"]["median_greedy_best"] == run["greedy_best"]
+    assert "explore least" in (tmp_path / "seeds.md").read_text()
+
+
 def _refuse(name):
     raise ValueError(f"not strict JSON: {name}")
 

@@ -324,6 +324,33 @@ def test_r2d2_with_central_inference_keeps_the_asked_replay_ratio_and_reports_th
     assert "replay ratio" in s["verdict_evidence"] and tel["verdict"]["figures"]["replay_ratio_asked"] == 4.0
     recs = [json.loads(line) for line in open(os.path.join(s["run_dir"], "metrics.jsonl"))]
     assert any("loss/td_abs" in r for r in recs) and recs[-1]["loss/replay_fill"] > 0
+    assert rp["greedy_episodes"] <= s["episodes"] and "episode_return_greedy" in recs[-1]
+
+
+def test_the_least_exploring_envs_returns_are_reported_apart(cfg_factory):
+    """The envs whose ladder epsilon is at most 0.01 have their own last-100 return: the reported return mixes in
+    envs acting at random up to 40% of the time. Each batch column is an env of a known client, so its rate is known."""
+    from rlbalance.agents.r2d2 import GREEDY_EPSILON, R2D2Agent, epsilon_ladder
+    from rlbalance.envs import probe_spec
+    from rlbalance.model import build_model
+
+    cfg = _r2d2_cfg(cfg_factory, actors={"num_actors": 2})
+    spec = probe_spec(cfg.env)
+    agent = R2D2Agent(build_model(cfg.learner, spec), cfg, torch.device("cpu"), spec.obs_shape, spec.obs_dtype)
+    k, n = cfg.actors.envs_per_actor, cfg.num_clients
+    eps = epsilon_ladder(n * k)
+    t = cfg.learner.unroll_length
+    clients = torch.tensor([n - 1, 0])  # two buffers, the greediest client's first
+    end = torch.zeros(t + 1, 2 * k, dtype=torch.bool)
+    end[3, :] = True  # every env ends an episode at row 3; their returns are their rates
+    ret = torch.zeros(t + 1, 2 * k)
+    ret[3, :k], ret[3, k:] = torch.as_tensor(eps[(n - 1) * k:]), torch.as_tensor(eps[:k])
+    agent._note_greedy_episodes({"ep_end": end, "ep_return": ret, "ep_length": torch.ones(t + 1, 2 * k), "client": clients})
+    low = np.concatenate([eps[(n - 1) * k:], eps[:k]])
+    low = low[low <= GREEDY_EPSILON]
+    assert 0 < len(low) < 2 * k and agent.greedy_episodes.count == len(low)
+    assert agent.greedy_episodes.mean_return() == pytest.approx(low.mean())
+    assert agent.replay_figures()["greedy_envs"] == int((eps <= GREEDY_EPSILON).sum())
 
 
 def train_r2d2(cfg):

@@ -25,9 +25,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlbalance.metrics import EpisodeStats
 from rlbalance.model import lstm_step
 
 RESCALE_EPS = 1e-3
+GREEDY_EPSILON = 0.01  # envs exploring at most this often count as the near-greedy ones (their returns apart)
 
 
 def rescale(x: torch.Tensor, eps: float = RESCALE_EPS) -> torch.Tensor:
@@ -485,6 +487,11 @@ class R2D2Agent:
         self.steps = 0
         self.last: dict[str, float] = {}
         self.totals = {"insert_s": 0.0, "sample_s": 0.0, "priority_s": 0.0}
+        # The episodes of the envs that explore least (epsilon <= GREEDY_EPSILON on the ladder): the reported return
+        # mixes in envs acting at random up to r2d2.epsilon_base of the time, which understates the policy
+        k = cfg.actors.envs_per_actor
+        self.env_epsilon = epsilon_ladder(cfg.num_clients * k, r.epsilon_base, r.epsilon_alpha).reshape(-1, k)
+        self.greedy_episodes = EpisodeStats()
 
     @property
     def updates(self) -> int:
@@ -532,6 +539,7 @@ class R2D2Agent:
             self.replay.add(seqs)
         t1 = time.perf_counter()
         self.steps += (batch["action"].shape[0] - 1) * batch["action"].shape[1]
+        self._note_greedy_episodes(batch)
         times = {"time_h2d": 0.0, "time_fwd_bwd": 0.0, "time_optim": 0.0, "time_replay_insert": t1 - t0,
                  "time_replay_sample": 0.0, "time_priority_update": 0.0}
         sums: dict[str, float] = {}
@@ -564,6 +572,15 @@ class R2D2Agent:
                 "replay_fill": rp.filled / rp.capacity, "replay_ratio": rp.replay_ratio(),
                 "replay_sequences": float(rp.inserted)}
 
+    def _note_greedy_episodes(self, batch: dict[str, torch.Tensor]) -> None:
+        end = batch["ep_end"][:-1].numpy()
+        if not end.any():
+            return
+        clients = batch["client"].numpy()
+        eps = self.env_epsilon[clients].reshape(-1)  # [n_buf * K]: each of the batch's columns
+        self.greedy_episodes.add_from_batch(batch["ep_return"][:-1].numpy(), batch["ep_length"][:-1].numpy(),
+                                            end & (eps <= GREEDY_EPSILON)[None, :])
+
     def replay_figures(self) -> dict:
         """For telemetry.json and the summary: what the replay did this session."""
         rp, r = self.replay, self.r
@@ -574,6 +591,9 @@ class R2D2Agent:
                 "sequence_rows": rp.seq_len, "bytes": rp.bytes, "learning_starts": r.learning_starts,
                 "insert_s": self.totals["insert_s"], "sample_s": self.totals["sample_s"],
                 "priority_update_s": self.totals["priority_s"],
+                "greedy_return_last100": self.greedy_episodes.mean_return(),
+                "greedy_episodes": self.greedy_episodes.count, "greedy_epsilon_max": GREEDY_EPSILON,
+                "greedy_envs": int((self.env_epsilon <= GREEDY_EPSILON).sum()),
                 "note": "sequences sampled per sequence inserted; the replay's contents are not checkpointed (a "
                         "resumed run refills it, learning_starts sequences before its next gradient step)"}
 

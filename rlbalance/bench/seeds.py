@@ -17,10 +17,11 @@ from rlbalance import config as C
 THRESHOLDS = (400, 475)
 
 
-def learning_curve(run_dir: str) -> list[tuple[int, float]]:
-    """(env steps, mean return over the last 100 episodes) of every metrics record that has a return."""
+def learning_curve(run_dir: str, key: str = "episode_return") -> list[tuple[int, float]]:
+    """(env steps, mean return over the last 100 episodes) of every metrics record that has a return (``key``:
+    episode_return_greedy for R2D2's least-exploring envs)."""
     recs = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [(r["steps"], r["episode_return"]) for r in recs if r.get("episode_return") is not None]
+    return [(r["steps"], r[key]) for r in recs if r.get(key) is not None]
 
 
 def _first_reach(curve: list[tuple[int, float]], level: float) -> int | None:
@@ -43,6 +44,9 @@ def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=prin
             run = {"mode": mode, "seed": seed, "best": max((r for _, r in curve), default=None),
                    "final": curve[-1][1] if curve else None, "sps": s["sps_sustained"],
                    **{f"steps_to_{lv}": _first_reach(curve, lv) for lv in THRESHOLDS}, "curve": curve}
+            greedy = learning_curve(s["run_dir"], "episode_return_greedy")  # R2D2: the envs at epsilon <= 0.01
+            if greedy:
+                run.update(greedy_best=max(r for _, r in greedy), greedy_final=greedy[-1][1], greedy_curve=greedy)
             runs.append(run)
             progress(f"[seeds {mode}] seed {seed}: best {run['best']:.0f}, final {run['final']:.0f}, "
                      f"{run['sps']:,.0f} SPS")
@@ -52,6 +56,10 @@ def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=prin
         summary[mode] = {"seeds": len(rs), "median_final": statistics.median(r["final"] for r in rs),
                          "median_best": statistics.median(r["best"] for r in rs),
                          **{f"reached_{lv}": sum(r[f"steps_to_{lv}"] is not None for r in rs) for lv in THRESHOLDS}}
+        if all("greedy_best" in r for r in rs):
+            summary[mode].update(median_greedy_best=statistics.median(r["greedy_best"] for r in rs),
+                                 median_greedy_final=statistics.median(r["greedy_final"] for r in rs),
+                                 greedy_reached_475=sum(r["greedy_best"] >= 475 for r in rs))
     result = {"env": "CartPole-v1", "steps_per_run": steps, "config": "defaults (rlbalance train --help)",
               "overrides": extra or {},
               "summary": summary, "runs": runs}
@@ -81,6 +89,13 @@ def _write_md(path: Path, result: dict) -> None:
     for r in result["runs"]:
         lines.append(f"| {r['mode']} | {r['seed']} | {_fmt(r['best'])} | {_fmt(r['final'])} | "
                      f"{_fmt(r['steps_to_400'])} | {_fmt(r['steps_to_475'])} | {_fmt(r['sps'])} |")
+    greedy = [r for r in result["runs"] if "greedy_best" in r]
+    if greedy:
+        lines += ["", "R2D2: the same runs' envs that explore least (ladder epsilon <= 0.01), whose returns are not "
+                  "diluted by random actions (dashed in the plot):", "",
+                  "| mode | seed | best | final |", "|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r['seed']} | {_fmt(r['greedy_best'])} | {_fmt(r['greedy_final'])} |"
+                  for r in greedy]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -93,7 +108,10 @@ def _plot(path: Path, runs: list[dict], modes: list[str], steps: int) -> None:
     fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 3.6), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         for r in (r for r in runs if r["mode"] == mode):
-            ax.plot([s for s, _ in r["curve"]], [v for _, v in r["curve"]], lw=1, label=f"seed {r['seed']}")
+            line, = ax.plot([s for s, _ in r["curve"]], [v for _, v in r["curve"]], lw=1, label=f"seed {r['seed']}")
+            if r.get("greedy_curve"):
+                ax.plot([s for s, _ in r["greedy_curve"]], [v for _, v in r["greedy_curve"]], lw=1, ls="--",
+                        color=line.get_color())
         for lv in THRESHOLDS:
             ax.axhline(lv, ls=":", color="0.5")
         ax.set_xlim(0, steps)
