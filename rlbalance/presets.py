@@ -36,17 +36,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The controlled synthetic environment: the dataclass defaults.
     "synthetic": {},
     # Atari (ALE, DeepMind preprocessing, Nature CNN). V-trace advantages in PPO's clipped surrogate with
-    # two passes over each batch (APPO, as in Sample Factory and RLlib), with CleanRL's PPO Atari
+    # four passes over each batch (APPO, as in Sample Factory and RLlib), with CleanRL's PPO Atari
     # hyperparameters: Adam 2.5e-4 (eps 1e-5), clip 0.1, entropy 0.01, value 0.5, grad norm 0.5,
     # lambda 0.95, advantages normalised per minibatch, rewards clipped to [-1, 1]. A batch of 32 unrolls
-    # of 20 steps in 4 minibatches over 2 epochs takes as many optimizer steps per frame as CleanRL's
-    # 1024-step rollouts in 4 minibatches over 4 epochs. The learning rate is constant, so a short run
-    # learns as fast as the start of a long one. Justification: bench/results/pong-curve/.
+    # of 20 steps in 4 minibatches over 4 epochs: CleanRL's 4 passes in 4 minibatches, on batches of 640
+    # steps where it takes 1024, so 1.6x its optimizer steps per frame. The learning rate is constant, so a
+    # short run learns as fast as the start of a long one. Justification (10M-frame Pong runs, mean of the
+    # last 100 games): with 2 passes, seeds 1, 2, 3 passed -15 at 4.79M, 6.22M, 4.99M frames and ended at
+    # +19.0, +16.6, -2.5 (bench/results/pong-curve*/); with 4 passes, seeds 1 and 2 passed -15 at 3.47M and
+    # 3.71M frames and seed 2 reached +18 at 6.05M (bench/results/pong-epochs4-seed*/). Four passes cost
+    # learner time per frame (bench/results/trainer.md), and win back more in frames to score.
     "atari": {
         "env": {"backend": "envpool", "sticky_actions": 0.0, "noop_max": 30, "episodic_life": False},
         "actors": {"num_actors": 2, "envs_per_actor": 16, "env_groups": 1, "buffers_per_actor": 2},
         "learner": {"batch_size": 32, "unroll_length": 20, "learning_rate": 2.5e-4, "lr_schedule": "constant",
-                    "adam_eps": 1e-5, "epochs": 2, "minibatches": 4, "ppo_clip": 0.1, "vtrace_lambda": 0.95,
+                    "adam_eps": 1e-5, "epochs": 4, "minibatches": 4, "ppo_clip": 0.1, "vtrace_lambda": 0.95,
                     "normalize_advantages": True, "entropy_cost": 0.01, "baseline_cost": 0.5,
                     "max_grad_norm": 0.5, "reward_clip": 1.0, "discount": 0.99, "torch_threads": 2},
     },
