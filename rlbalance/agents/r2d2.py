@@ -41,11 +41,15 @@ def inverse_rescale(x: torch.Tensor, eps: float = RESCALE_EPS) -> torch.Tensor:
 
 
 def n_step_double_q_targets(q_online: torch.Tensor, q_target: torch.Tensor, rewards: torch.Tensor,
-                            done: torch.Tensor, discount: float, n: int, eps: float = RESCALE_EPS) -> torch.Tensor:
+                            done: torch.Tensor, discount: float, n: int, eps: float = RESCALE_EPS,
+                            truncated: torch.Tensor | None = None, final_value: torch.Tensor | None = None
+                            ) -> torch.Tensor:
     """Targets [T1 - n, B] for rows 0..T1-n-1 of sequences [T1, B]: ``q_online`` and ``q_target`` [T1, B, A] the
     online and target networks' (rescaled) values of every row, ``rewards`` [T1, B] r_t, ``done`` [T1, B] whether
     the episode ended after a_t. Rows past T1-n-1 have no bootstrap row in the sequence (they are the next
-    sequence's burn-in or overlap)."""
+    sequence's burn-in or overlap). ``truncated`` [T1, B]: of those ends, the ones a time limit made, where the
+    return bootstraps from ``final_value`` [T1, B] (the unrescaled double-Q value of the episode's last
+    observation) instead of ending."""
     t1 = rewards.shape[0]
     t = t1 - n
     if t < 1:
@@ -54,6 +58,8 @@ def n_step_double_q_targets(q_online: torch.Tensor, q_target: torch.Tensor, rewa
     ret = torch.zeros_like(rewards[:t])
     for k in range(n):
         ret = ret + alive * (discount ** k) * rewards[k:k + t]
+        if truncated is not None:
+            ret = ret + alive * truncated[k:k + t].to(ret.dtype) * (discount ** (k + 1)) * final_value[k:k + t]
         alive = alive * (1.0 - done[k:k + t].float())
     best = q_online[n:n + t].argmax(dim=-1, keepdim=True)  # double Q: the online net picks, the target net values
     boot = inverse_rescale(q_target[n:n + t].gather(-1, best).squeeze(-1), eps)
@@ -273,11 +279,12 @@ class R2D2Learner:
             reset = (~b["first"][burn]).to(state_on.dtype).view(-1, 1)  # (forward treats row 0 as already reset)
             state_on, state_tg = st_on[-1] * reset, st_tg[-1] * reset
         rest = {k: b[k][burn:] for k in ("obs", "action", "reward", "done", "first")}
-        q, _ = self.net(rest["obs"], state_on, rest["first"])
+        q, st_rows = self.net(rest["obs"], state_on, rest["first"])
         with torch.no_grad():
-            q_tg, _ = self.target(rest["obs"], state_tg, rest["first"])
+            q_tg, st_tg_rows = self.target(rest["obs"], state_tg, rest["first"])
+            truncated, final_value = self._time_limits(b, burn, st_rows.detach(), st_tg_rows)
             y = n_step_double_q_targets(q.detach(), q_tg, rest["reward"].float(), rest["done"], s.discount,
-                                        s.n_step, s.rescale_eps)
+                                        s.n_step, s.rescale_eps, truncated, final_value)
         t = y.shape[0]
         q_taken = q[:t].gather(-1, rest["action"][:t].long().unsqueeze(-1)).squeeze(-1)
         td = y - q_taken
@@ -308,6 +315,31 @@ class R2D2Learner:
         return out
 
 
+    def _time_limits(self, b: dict[str, torch.Tensor], burn: int, st_on: torch.Tensor, st_tg: torch.Tensor
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Where a sequence's episode was cut by a time limit after the burn-in (its ``trunc_row``; -1: none), the
+        double-Q value of its last observation (``final_obs``), from the state the nets had after that row: the
+        (unrescaled) value the n-step return bootstraps from there. (None, None) where no sampled sequence has one."""
+        rows = b.get("trunc_row")
+        if rows is None:
+            return None, None
+        rows = rows.long() - burn
+        sel = (rows >= 0).nonzero().squeeze(-1)
+        if sel.numel() == 0:
+            return None, None
+        r = rows[sel]
+        obs = b["final_obs"][sel]
+        q_on, _ = self.net._step(self.net._features(obs), st_on[r, sel])
+        q_tg, _ = self.target._step(self.target._features(obs), st_tg[r, sel])
+        value = inverse_rescale(q_tg.gather(-1, q_on.argmax(dim=-1, keepdim=True)).squeeze(-1), self.s.rescale_eps)
+        t_rest, n_seq = st_on.shape[:2]
+        truncated = torch.zeros(t_rest, n_seq, dtype=torch.bool, device=st_on.device)
+        final_value = torch.zeros(t_rest, n_seq, dtype=value.dtype, device=st_on.device)
+        truncated[r, sel] = True
+        final_value[r, sel] = value
+        return truncated, final_value
+
+
 class SequenceReplay:
     """A bounded replay of fixed-length sequences in the learner process, preallocated (its memory is known and
     checked before anything is allocated) and prioritised (``PrioritySampler``). Sequences are stored row-major
@@ -327,6 +359,9 @@ class SequenceReplay:
         self.done = np.zeros((capacity, seq_len), dtype=bool)
         self.first = np.zeros((capacity, seq_len), dtype=bool)
         self.core = np.zeros((capacity, state_size), dtype=np.float32)
+        # a time limit inside the sequence: its row (-1: none) and the episode's last observation, to bootstrap from
+        self.trunc_row = np.full(capacity, -1, dtype=np.int64)
+        self.final_obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         # the Q-values the actors acted by ([.., 0] where not kept): the learner's check that it sees what they saw
         self.q = np.zeros((capacity, seq_len, num_actions), dtype=np.float32)
         self.sampler = PrioritySampler(capacity, alpha, seed)
@@ -346,8 +381,8 @@ class SequenceReplay:
 
         from rlbalance.config import ConfigError
 
-        per_seq = (seq_len * (int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 8 + 4 + 1 + 1 + 4 * num_actions)
-                   + 4 * state_size)
+        obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+        per_seq = seq_len * (obs_bytes + 8 + 4 + 1 + 1 + 4 * num_actions) + 4 * state_size + obs_bytes + 8
         total = capacity * per_seq
         available = psutil.virtual_memory().available
         if capacity < 1 or total > memory_fraction * available:
@@ -363,6 +398,11 @@ class SequenceReplay:
         slots = (self.next + np.arange(n)) % self.capacity
         for name in ("obs", "action", "reward", "done", "first", "core"):
             getattr(self, name)[slots] = seqs[name]
+        if "trunc_row" in seqs:
+            self.trunc_row[slots] = seqs["trunc_row"]
+            self.final_obs[slots] = seqs["final_obs"]
+        else:
+            self.trunc_row[slots] = -1
         if "q" in seqs and self.q.shape[-1]:
             self.q[slots] = seqs["q"]
         self.generation[slots] += 1
@@ -382,6 +422,8 @@ class SequenceReplay:
         out = {name: torch.from_numpy(np.ascontiguousarray(np.swapaxes(getattr(self, name)[slots], 0, 1)))
                for name in ("obs", "action", "reward", "done", "first")}
         out["core"] = torch.from_numpy(self.core[slots])
+        out["trunc_row"] = torch.from_numpy(self.trunc_row[slots])
+        out["final_obs"] = torch.from_numpy(self.final_obs[slots])
         if self.q.shape[-1]:
             out["q"] = torch.from_numpy(np.ascontiguousarray(np.swapaxes(self.q[slots], 0, 1)))
         out["generation"] = torch.from_numpy(self.generation[slots].copy())
@@ -421,7 +463,9 @@ class SequenceAssembler:
     def add(self, batch: dict[str, torch.Tensor]) -> dict[str, np.ndarray] | None:
         obs, action = batch["obs"].numpy(), batch["action"].numpy()
         reward = batch["reward"].numpy()
-        cut = (batch["done"] | batch["truncated"]).numpy()  # a time limit also ends the trace (no bootstrap there)
+        truncated = batch["truncated"].numpy()
+        cut = batch["done"].numpy() | truncated  # a time limit also ends the trace (and its return bootstraps)
+        final_obs = batch.get("final_obs")
         core = batch["core"].numpy()
         q = batch["logits"].numpy()  # the Q-values each action was chosen by
         clients, unrolls = batch["client"].tolist(), batch["unroll"].tolist()
@@ -432,8 +476,10 @@ class SequenceAssembler:
             for e in range(k):
                 col = i * k + e
                 key = (clients[i], e)
+                limit = np.flatnonzero(truncated[:-1, col]) if final_obs is not None else np.zeros(0, np.int64)
                 piece = (unrolls[i], obs[:, col].copy(), action[:-1, col].copy(), reward[:-1, col].copy(),
-                         cut[:-1, col].copy(), core[col].copy(), q[:-1, col].copy())
+                         cut[:-1, col].copy(), core[col].copy(), q[:-1, col].copy(),
+                         [(int(r), final_obs[r, col].numpy().copy()) for r in limit])
                 chain = self.chains.get(key)
                 if chain is None or chain[-1][0] + 1 != piece[0]:
                     chain = self.chains[key] = deque(maxlen=self.units)
@@ -457,8 +503,17 @@ class SequenceAssembler:
         action, reward, cut, q = rows(2, 0), rows(3, 0), rows(4, False), rows(6, 0.0)
         first = np.zeros_like(cut)
         first[:, 1:] = cut[:, :-1]  # (the rule the actors reset their states by)
+        # A time limit's row and last observation: the last one in the sequence (the loss is taken on its end; one
+        # is the most a sequence meets unless episodes are shorter than it: any earlier one then ends like a terminal)
+        t = len(seqs[0][0][2])
+        trunc_row = np.full(len(seqs), -1, dtype=np.int64)
+        final_obs = np.zeros((len(seqs), *obs.shape[2:]), dtype=obs.dtype)
+        for j, s in enumerate(seqs):
+            limits = [(u * t + r, o) for u, p in enumerate(s) for r, o in p[7]]
+            if limits:
+                trunc_row[j], final_obs[j] = limits[-1]
         return {"obs": obs, "action": action, "reward": reward, "done": cut, "first": first, "q": q,
-                "core": np.stack([s[0][5] for s in seqs])}
+                "core": np.stack([s[0][5] for s in seqs]), "trunc_row": trunc_row, "final_obs": final_obs}
 
 
 class R2D2Agent:
