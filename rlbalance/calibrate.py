@@ -185,9 +185,9 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1
                 "inference": {"mode": cfg.inference.mode},
                 "learner": {**asdict(cfg.learner), "model": resolve_model(cfg.learner, spec)},
                 # R2D2: the learner trains from the first batch of sequences on (a short loop would otherwise
-                # end before learning_starts), on a replay small enough to allocate at once
+                # end before learning_starts), on a replay of one batch (the free env's observations are float32)
                 "r2d2": {**asdict(cfg.r2d2), "learning_starts": cfg.r2d2.batch_size,
-                         "replay_size": min(cfg.r2d2.replay_size, max(4 * cfg.r2d2.batch_size, 256))},
+                         "replay_size": cfg.r2d2.batch_size},
                 "run": {"total_steps": 10**9, "max_seconds": seconds, "out_dir": tmp, "name": "pipeline"},
                 "telemetry": {"progress": False, "report": False, "tensorboard": False, "warmup_s": seconds / 4,
                               "hardware_interval_s": 0.5, "log_interval_s": 0.5}}
@@ -204,16 +204,16 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1
 
 
 def r2d2_step_ms(cfg: C.Config, spec, device, sizes: list[int]) -> dict[str, float]:
-    """Milliseconds per R2D2 gradient step on a batch of b sequences, for each b in ``sizes`` (a replay of just
-    one batch, so an Atari-sized replay is not allocated to time it)."""
+    """Milliseconds per R2D2 gradient step as a run takes it (prioritised sample, update, new priorities) on b
+    sequences, for each b in ``sizes``; the replay holds one batch of zero sequences (an Atari-sized replay is not
+    allocated to time it; inserting new sequences is not timed)."""
     from .train import make_learner
 
     out = {}
     for b in sizes:
         c2 = replace(cfg, r2d2=replace(cfg.r2d2, batch_size=b, replay_size=b, learning_starts=b))
         agent = make_learner(build_model(c2.learner, spec), c2, spec, device)
-        seqs = agent.sample_sequences()
-        out[str(b)] = _median_time(lambda: agent.algo.train(seqs), reps=3, min_s=0.3) * 1e3
+        out[str(b)] = _median_time(agent.timed_step, reps=3, min_s=0.3) * 1e3
     return out
 
 
@@ -242,7 +242,8 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     training = {}
     k = cfg.actors.envs_per_actor
     if r2d2:  # gradient steps on batches of b stored sequences (burn-in + sequence + 1 rows each)
-        training = r2d2_step_ms(cfg, spec, device, [16, 32] if quick or cfg.env.is_atari else [16, 32, 64])
+        sizes = [16, 32] if quick or cfg.env.is_atari else [16, 32, 64]  # and the workload's own
+        training = r2d2_step_ms(cfg, spec, device, sorted({*sizes, cfg.r2d2.batch_size}))
     for b in [] if r2d2 else ([8, 16] if quick or cfg.env.is_atari else [8, 16, 32, 64]):
         c2 = replace(cfg, actors=replace(cfg.actors, envs_per_actor=b), learner=replace(cfg.learner, batch_size=b))
         learner = Learner(build_model(c2.learner, spec), c2.learner, device, total_steps=10**12)
@@ -270,15 +271,19 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     if r2d2:  # a gradient step on B sequences is due for every B x T / ratio env steps the actors deliver
         b, rows = cfg.r2d2.batch_size, cfg.r2d2.rows
         per_step = b * t / cfg.r2d2.replay_ratio
+        # forwards of both nets over every row, a backward (about two forwards) over the rows after the burn-in
+        passes = 2 * rows + 2 * (rows - cfg.r2d2.burn_in)
     else:
         b, rows, per_step = cfg.learner.batch_size, t + 1, cfg.learner.batch_size * t
+        passes = 3 * rows  # a forward and a backward over every row
     return {
         "format": "rlbalance-calibration-v1",
         "workload": {"env": cfg.env.id, "agent": cfg.learner.agent, "model": resolve_model(cfg.learner, spec),
                      "frames_per_step": spec.frames_per_step, "obs_bytes": obs_bytes, "num_actions": spec.num_actions,
                      "unroll_length": t, "envs_per_actor": k,
                      "env_groups": cfg.actors.env_groups, "batch_size": b, "rows_per_sample": rows,
-                     "env_steps_per_train_step": per_step, "forward_flops_per_obs": flops},
+                     "env_steps_per_train_step": per_step, "row_forwards_per_sample": passes,
+                     "forward_flops_per_obs": flops},
         "device": str(device), "torch_threads": cfg.learner.torch_threads,
         "env_step_us": env, "actor_loop_us": loop, "smt": smt, "inference_ms": inference, "train_step_ms": training,
         "pipe_round_trip_us": pipe_round_trip_us(500 if quick else 2000),

@@ -144,7 +144,17 @@ def clamped(points: dict[str, dict], n: float, key: str) -> float:
     return interp({str(a): v for a, v in pts}, n)
 
 
-AGENT_DEFAULT = {"agent": "vtrace"}  # calibration files from before R2D2 timed the V-trace learner
+def _workload(cal: dict, key: str):
+    """A calibration's workload field, with what files from before R2D2 (which timed the V-trace learner) meant."""
+    w = cal["workload"]
+    default = {"agent": "vtrace", "rows_per_sample": w.get("unroll_length", 0) + 1}.get(key)
+    return w.get(key, default)
+
+
+def learner_devices(cal: dict, m: Machine) -> int:
+    """The devices a workload's learner uses on ``m``: one per GPU (a learner process and inference server each),
+    but R2D2 trains on one (it takes learner.devices=1 only)."""
+    return 1 if _workload(cal, "agent") == "r2d2" else max(m.gpus, 1)
 
 
 def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
@@ -154,9 +164,10 @@ def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
     b_inf = 128
     t_inf = GPU_INFER_OVERHEAD_MS + w["forward_flops_per_obs"] * b_inf / peak * 1e3
     b_tr = w["batch_size"]
-    samples = b_tr * w.get("rows_per_sample", w["unroll_length"] + 1)
-    passes = 4 if w.get("agent") == "r2d2" else 3  # forward and backward (2x); R2D2's target net's forward too
-    t_tr = GPU_TRAIN_OVERHEAD_MS + passes * w["forward_flops_per_obs"] * samples / peak * 1e3
+    # row-forwards per sample: V-trace a forward and a backward (about two) over T + 1 rows; R2D2 both nets'
+    # forwards over every row and a backward over those after the burn-in (the calibration records it)
+    passes = w.get("row_forwards_per_sample", 3 * (w["unroll_length"] + 1))
+    t_tr = GPU_TRAIN_OVERHEAD_MS + w["forward_flops_per_obs"] * b_tr * passes / peak * 1e3
     return {"inference": interp(cal["inference_ms"], b_inf) / t_inf,
             "training": interp(cal["train_step_ms"], b_tr) / t_tr, "source": "modeled (roofline)"}
 
@@ -164,8 +175,8 @@ def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
 def gpu_speed_measured(cal: dict, gpu_cal: dict) -> dict:
     """Speed of the GPU a calibration file was made on, relative to ``cal``'s device: the ratio of their
     measured inference (batch 128) and training (the workload's B) times."""
-    for key in ("env", "agent", "model", "unroll_length"):
-        if cal["workload"].get(key, AGENT_DEFAULT.get(key)) != gpu_cal["workload"].get(key, AGENT_DEFAULT.get(key)):
+    for key in ("env", "agent", "model", "unroll_length", "rows_per_sample"):
+        if _workload(cal, key) != _workload(gpu_cal, key):
             raise ConfigError(f"GPU calibration: workload.{key} is {gpu_cal['workload'].get(key)!r}, the "
                               f"calibration's is {cal['workload'].get(key)!r}; calibrate the same workload on the GPU")
     b = cal["workload"]["batch_size"]
@@ -211,14 +222,15 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     actor_sps = sum(1e6 / (c + overhead_us) for c in per_thread)
     actor_cost_us = actor_threads * 1e6 / actor_sps  # thread-microseconds per step
     # one inference server per learner device, each batching its own share of the actors (learner.devices=N)
-    in_flight = max(k, min(512, actor_threads * k * max(w.get("env_groups", 1), 1) // (2 * max(m.gpus, 1))))
+    devices = learner_devices(cal, m)
+    in_flight = max(k, min(512, actor_threads * k * max(w.get("env_groups", 1), 1) // (2 * devices)))
     inf_us = interp(cal["inference_ms"], in_flight) * 1e3 / in_flight
     train_us = interp(cal["train_step_ms"], b) * 1e3 / w.get("env_steps_per_train_step", b * t)
     if m.gpus:
         speed = speed or gpu_speed(cal, m.gpu)
         inf_us, train_us = inf_us / speed["inference"], train_us / speed["training"]
     device_us = inf_us + train_us
-    learner_sps = max(m.gpus, 1) * 1e6 / device_us
+    learner_sps = devices * 1e6 / device_us
     pipe = cal.get("pipeline") if not m.gpus else None
     if pipe:  # the measured pipeline loop: round trips and CPU per step with the CPU learner beside
         at = {key: clamped(pipe["points"], actor_threads, key)
@@ -247,7 +259,8 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     busy_threads = min(m.threads, sps * actor_cost_us / 1e6 + (0 if m.gpus else sps * device_us / 1e6))
     cpu_w = m.cpu_tdp_w * (CPU_IDLE_FRACTION + (1 - CPU_IDLE_FRACTION) * busy_threads / m.threads)
     gpu_util = sps / learner_sps if m.gpus else 0.0
-    gpu_w = m.gpus * (m.gpu.idle_w + (m.gpu.tdp_w - m.gpu.idle_w) * gpu_util) if m.gpus else 0.0
+    # the learner's devices busy at gpu_util, any others idle
+    gpu_w = (m.gpus * m.gpu.idle_w + devices * (m.gpu.tdp_w - m.gpu.idle_w) * gpu_util) if m.gpus else 0.0
     node_w = cpu_w + gpu_w + m.base_w
     fps = sps * w["frames_per_step"]
     return {"machine": m.name, "actor_threads": actor_threads, "sps": sps, "fps": fps, "verdict": verdict,
@@ -259,8 +272,9 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
 
 
 def best_ratios(cal: dict, m: Machine, speed: dict | None = None) -> dict:
-    """Throughput- and efficiency-optimal actor threads per accelerator on machine ``m``."""
-    acc = max(m.gpus, 1)
+    """Throughput- and efficiency-optimal actor threads per accelerator on machine ``m`` (per accelerator the learner
+    uses: R2D2's one)."""
+    acc = learner_devices(cal, m)
     reserve = 1 if m.gpus else int(cal.get("torch_threads", 1))
     rows = [predict(cal, m, r * acc, speed) for r in range(1, max(1, (m.threads - reserve) // acc) + 1)]
     best = max(p["fps"] for p in rows)

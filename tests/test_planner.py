@@ -71,6 +71,8 @@ def test_r2d2_learner_side_is_its_gradient_steps_at_the_replay_ratio():
     p = predict(cal, box(), actor_threads=8, speed=SAME)
     assert p["verdict"] == "learner-bound"
     assert p["sps"] == pytest.approx(1e6 / (100e3 / 25 + 1), rel=1e-6)  # 4,000 us training + 1 us inference
+    # R2D2 trains on one device: more GPUs in the machine do not make its learner side faster
+    assert predict(cal, box(gpus=8), actor_threads=8, speed=SAME)["sps"] == pytest.approx(p["sps"], rel=1e-6)
 
 
 def test_every_device_serves_inference_to_its_own_share_of_the_actors():

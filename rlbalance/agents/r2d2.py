@@ -4,7 +4,8 @@ Learning", ICLR 2019; the defaults are the paper's and SEED RL's Atari settings)
 - ``rescale`` / ``inverse_rescale``: h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x and its exact inverse (Pohlen et al.
   2018), so Q-learning sees values of a bounded scale without reward clipping.
 - ``n_step_double_q_targets``: y_t = h(sum_{k<n} gamma^k r_{t+k} + gamma^n h^-1(Q_target(s_{t+n}, argmax_a
-  Q_online(s_{t+n}, a)))), the sum cut and the bootstrap dropped where the episode ends within the n steps.
+  Q_online(s_{t+n}, a)))), the sum cut where the episode ends within the n steps: with no bootstrap at a terminal
+  state, and at a time limit with the discounted double-Q value of the episode's last observation.
 - ``sequence_priorities``: eta max_t |delta_t| + (1 - eta) mean_t |delta_t| per sequence (eta 0.9).
 - ``PrioritySampler``: proportional prioritised sampling (priority ** alpha) over a sum tree, with importance
   weights (N P(i)) ** -beta normalised by their maximum over the batch.
@@ -260,7 +261,9 @@ class R2D2Learner:
 
     def train(self, batch: dict[str, torch.Tensor], weights: torch.Tensor | None = None) -> dict:
         """``batch``: obs [T1, B, ...], action, reward, done, first [T1, B], core [B, 2H] (the state row 0 started
-        from). ``weights`` [B]: importance weights (None: 1). Returns the loss figures and ``priorities`` [B]."""
+        from), and where the replay gives them trunc_row [B] and final_obs [B, ...] (a time limit's row, -1 for none,
+        and the episode's last observation there). ``weights`` [B]: importance weights (None: 1). Returns the loss
+        figures and ``priorities`` [B]."""
         s = self.s
         t0 = time.perf_counter()
         from rlbalance.learner import batch_to
@@ -392,8 +395,8 @@ class SequenceReplay:
         return total
 
     def add(self, seqs: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
-        """Store B sequences (obs [B, T1, ...], action, reward, done, first [B, T1], core [B, S]); returns their
-        slots. Without ``priorities`` they get the largest priority seen so far, so each is sampled soon."""
+        """Store B sequences (obs [B, T1, ...], action, reward, done, first [B, T1], core [B, S]; where given,
+        trunc_row [B] and final_obs [B, ...], else no time limit); returns their slots. Without ``priorities`` they get the largest priority seen so far, so each is sampled soon."""
         n = len(seqs["action"])
         slots = (self.next + np.arange(n)) % self.capacity
         for name in ("obs", "action", "reward", "done", "first", "core"):
@@ -415,7 +418,8 @@ class SequenceReplay:
         return slots
 
     def sample(self, batch: int, beta: float = 0.6) -> tuple[np.ndarray, torch.Tensor, dict[str, torch.Tensor]]:
-        """(slots, importance weights [B], the sequences time-major: [T1, B, ...], core [B, S]); ``out["generation"]``
+        """(slots, importance weights [B], the sequences time-major: [T1, B, ...], core [B, S], trunc_row [B],
+        final_obs [B, ...]); ``out["generation"]``
         identifies the sequences for ``update_priorities`` (a slot overwritten meanwhile keeps its own)."""
         slots, w = self.sampler.sample(batch, beta)
         self.sampled += batch
@@ -581,6 +585,19 @@ class R2D2Agent:
                 "action": torch.zeros(t1, n, dtype=torch.int64), "reward": torch.zeros(t1, n),
                 "done": torch.zeros(t1, n, dtype=torch.bool), "first": torch.zeros(t1, n, dtype=torch.bool),
                 "core": torch.zeros(n, rp.core.shape[1])}
+
+    def timed_step(self) -> None:
+        """One gradient step as a run takes it (a prioritised sample from the replay, the update, the new
+        priorities), the replay first given a batch of zero sequences where it holds fewer: what calibration and the
+        learner-ceiling bench time."""
+        rp, n = self.replay, self.r.batch_size
+        if rp.filled < n:
+            z = self.sample_sequences(n)
+            rp.add({k: v.numpy() if k == "core" else np.swapaxes(v.numpy(), 0, 1) for k, v in z.items()})
+        slots, weights, seq = rp.sample(n, self.r.importance_exponent)
+        generation = seq.pop("generation")
+        out = self.algo.train(seq, weights)
+        rp.update_priorities(slots, out["priorities"].numpy(), generation.numpy())
 
     def due(self) -> bool:
         """Whether the replay ratio asks for another gradient step now."""

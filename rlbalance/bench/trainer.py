@@ -134,13 +134,14 @@ def _r2d2_ceiling(cfg: C.Config, seconds: float, warmup_updates: int) -> dict:
     spec = probe_spec(cfg.env)
     torch.set_num_threads(cfg.learner.torch_threads)
     device = resolve_device(cfg.learner.device)
-    agent = make_learner(build_model(cfg.learner, spec), cfg, spec, device)
-    seqs = agent.sample_sequences()
+    b = cfg.r2d2.batch_size  # a replay of one batch (the Atari preset's would take 8 GiB before anything is timed)
+    small = replace(cfg, r2d2=replace(cfg.r2d2, replay_size=b, learning_starts=b))
+    agent = make_learner(build_model(cfg.learner, spec), small, spec, device)
     for _ in range(warmup_updates):
-        agent.algo.train(seqs)
+        agent.timed_step()
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        agent.algo.train(seqs)
+        agent.timed_step()
         n += 1
     dt = time.perf_counter() - t0
     per_step = cfg.r2d2.batch_size * cfg.learner.unroll_length / cfg.r2d2.replay_ratio
