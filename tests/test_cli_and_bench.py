@@ -26,6 +26,21 @@ def test_cli_help_lists_documented_fields():
     assert "--learner.batch_size" in out.stdout and "Unrolls (single-env trajectories)" in out.stdout
 
 
+def _strict(path):
+    def refuse(name):
+        raise ValueError(f"{path}: not strict JSON ({name})")
+
+    return json.loads(Path(path).read_text(), parse_constant=refuse)
+
+
+def test_every_committed_result_file_is_strict_json():
+    results = Path(__file__).resolve().parent.parent / "bench" / "results"
+    files = [p for p in results.rglob("*.json") if not {"runs", "scratch"} & set(p.relative_to(results).parts)]
+    assert len(files) > 20
+    for p in files:
+        _strict(p)
+
+
 def test_bench_trainer_tiny(tmp_path):
     from rlbalance.bench.trainer import run_workload, write_results
 
@@ -39,6 +54,11 @@ def test_bench_trainer_tiny(tmp_path):
     md = write_results([r, prev], tmp_path)
     text = md.read_text()
     assert "| 1 |" in text and "e2e / min(ceilings)" in text and "shared-core estimate" in text
+    # 6,000 steps end fewer than 100 CartPole episodes per run only sometimes: a return that is not a number
+    # must come out as null, never NaN (strict JSON)
+    r["rows"][0]["episode_return_last100"] = float("nan")
+    write_results([r, prev], tmp_path)
+    assert _strict(tmp_path / "trainer.json")["workloads"][0]["rows"][0]["episode_return_last100"] is None
     assert "cartpole with its preset against cartpole-previous" in text
     assert (tmp_path / "trainer.png").stat().st_size > 1000
     doc = json.load(open(tmp_path / "trainer.json"))

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from rlbalance.rundir import dumps
+
 
 SWEEP_ACTORS = (1, 2, 4, 8, 16)
 
@@ -83,7 +85,7 @@ def main(out: str = "bench/results", rehearse: bool = False) -> int:
         cal = run_calibration(workload_config(name, {"learner": {"device": device}}), quick=True)
         save(cal, out_p / f"gpu-calibration-{name}.json")
         res[f"gpu_calibration_{name}"] = {"inference_ms": cal["inference_ms"], "train_step_ms": cal["train_step_ms"]}
-    (out_p / "gpu-check.json").write_text(json.dumps(res, indent=2, default=str))
+    (out_p / "gpu-check.json").write_text(dumps(res))
     print(json.dumps(res, indent=2, default=str))
     if rehearse:
         return 0

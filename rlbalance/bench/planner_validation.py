@@ -12,6 +12,7 @@ from rlbalance.bench.trainer import WORKLOADS
 from rlbalance import config as C
 from rlbalance.calibrate import run_calibration, save
 from rlbalance.planner import validate
+from rlbalance.rundir import dumps
 from rlbalance.sweep import parse_axes, run_sweep
 
 
@@ -50,7 +51,7 @@ def write_report(out: Path, results: dict) -> dict:
         lines += ["", f"Median absolute error {v['median_abs_error']:.1%}, worst {v['worst_abs_error']:.1%} "
                   "(targets: 10% and 25%).", ""]
     (out / "planner-validation.md").write_text("\n".join(lines) + "\n")
-    (out / "planner-validation.json").write_text(json.dumps(results, indent=2))
+    (out / "planner-validation.json").write_text(dumps(results))
     import matplotlib
 
     matplotlib.use("Agg")

@@ -10,11 +10,11 @@ message is K times that.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from pathlib import Path
 
 from rlbalance import config as C
+from rlbalance.rundir import dumps
 
 WORKLOADS = {
     "cartpole": {"env": {"id": "CartPole-v1"}},
@@ -65,7 +65,7 @@ def run_ray_overhead(out: Path, workloads: list[str], actor_counts: list[int], s
 
 def write(out: Path, rows: list[dict], steps: int) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ray-overhead.json").write_text(json.dumps({"steps_per_run": steps, "rows": rows}, indent=2))
+    (out / "ray-overhead.json").write_text(dumps({"steps_per_run": steps, "rows": rows}))
     lines = ["# Ray actors against shared-memory actors", "",
              f"One bench run on this machine; {steps:,} env steps per run, warm-up excluded, a private Ray on "
              "127.0.0.1 started once; central inference, the default config otherwise; K envs per message (batch B = max(16, K)).", "",

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from rlbalance import config as C
+from rlbalance.rundir import dumps
 
 THRESHOLDS = (400, 475)
 
@@ -64,7 +65,7 @@ def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=prin
               "overrides": extra or {},
               "summary": summary, "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "seeds.json").write_text(json.dumps(result, indent=2))
+    (out / "seeds.json").write_text(dumps(result))
     (out / "seeds.csv").write_text("mode,seed,steps,mean_return_last100\n" + "".join(
         f"{r['mode']},{r['seed']},{s},{v}\n" for r in runs for s, v in r["curve"]))
     _write_md(out / "seeds.md", result)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from rlbalance import config as C
+from rlbalance.rundir import dumps
 
 
 def run_soak(seconds: float, out: Path, warmup_s: float = 120.0, workload: dict | None = None) -> dict:
@@ -40,7 +41,7 @@ def run_soak(seconds: float, out: Path, warmup_s: float = 120.0, workload: dict 
               "fps_cv": statistics.pstdev(per_min) / statistics.mean(per_min) if len(per_min) > 1 else None,
               "actor_restarts": s["actor_restarts"], "verdict": s["verdict"], "run_dir": str(run)}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(result, indent=2))
+    (out / "soak.json").write_text(dumps(result))
     cv = "n/a" if result["fps_cv"] is None else f"{result['fps_cv']:.1%}"
     lo, hi = (f"{min(per_min):,.0f}", f"{max(per_min):,.0f}") if per_min else ("n/a", "n/a")
     (out / "soak.md").write_text(

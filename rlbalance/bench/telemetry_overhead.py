@@ -3,12 +3,12 @@ second) against off (timers no-ops, no sampler, one metrics record), alternating
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 
 from rlbalance import config as C
+from rlbalance.rundir import dumps
 
 ON = {"stage_timers": True, "hardware_interval_s": 0.5, "log_interval_s": 1.0, "tensorboard": True}
 OFF = {"stage_timers": False, "hardware_interval_s": 0.0, "log_interval_s": 3600.0, "tensorboard": False}
@@ -30,7 +30,7 @@ def run_overhead(steps: int, repeats: int, out: Path, workload: dict | None = No
     result = {"steps_per_run": steps, "repeats": repeats, "sps_on": sps["on"], "sps_off": sps["off"],
               "median_on": on, "median_off": off, "overhead": 1 - on / off, "target": 0.03}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "telemetry-overhead.json").write_text(json.dumps(result, indent=2))
+    (out / "telemetry-overhead.json").write_text(dumps(result))
     (out / "telemetry-overhead.md").write_text(
         f"# Telemetry overhead\n\nCartPole-v1, {steps:,} steps per run, {repeats} runs each way, alternating.\n\n"
         f"| telemetry | runs (SPS) | median SPS |\n|---|---|---|\n"

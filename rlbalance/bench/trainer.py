@@ -10,7 +10,6 @@ Writes ``trainer-<workload>.json`` and ``.md`` (table of ratios) and a plot to t
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import time
 from dataclasses import replace
@@ -25,7 +24,7 @@ from rlbalance.buffers import RolloutBuffers
 from rlbalance.envs import EnvBatch, probe_spec
 from rlbalance.learner import Learner
 from rlbalance.model import build_model, core_state_size, resolve_device
-from rlbalance.rundir import hardware_stamp
+from rlbalance.rundir import dumps, hardware_stamp
 
 WORKLOADS = {
     "cartpole": {},
@@ -210,7 +209,7 @@ def write_results(results: list[dict], out: Path, note: str = "") -> Path:
     stamp = hardware_stamp()
     doc = {"benchmark": "trainer", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "hardware": stamp,
            "note": note, "workloads": results}
-    (out / "trainer.json").write_text(json.dumps(doc, indent=2, default=str))
+    (out / "trainer.json").write_text(dumps(doc))
     lines = [f"# Trainer benchmark ({doc['date']})", "",
              f"Machine: {stamp['cpu_model']}, {stamp['usable_cpus']} usable CPUs, "
              f"GPUs: {[g['name'] for g in stamp['gpus']] or 'none'}; commit {stamp['git_commit']}.", "",
@@ -247,7 +246,7 @@ def write_results(results: list[dict], out: Path, note: str = "") -> Path:
             lines += [f"**{name} with its preset against {name}-previous** (best actor count each): "
                       f"{r['best']['e2e_fps']:,.0f} against {prev['best']['e2e_fps']:,.0f} FPS end-to-end, "
                       f"{ratio:.0%}.", ""]
-    (out / "trainer.json").write_text(json.dumps(doc, indent=2, default=str))
+    (out / "trainer.json").write_text(dumps(doc))
     (out / "trainer.md").write_text("\n".join(lines) + "\n")
     _plot(results, out / "trainer.png")
     return out / "trainer.md"
