@@ -157,6 +157,7 @@ class RankSession:
 def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_rank: int | None = None) -> None:
     """Learner rank ``rank`` >= 1: join the group, build the same learner (rank 0's weights, counters and optimizer
     state), run its share of the actors until the ranks agree to stop."""
+    import gc
     import signal
     import threading
 
@@ -185,6 +186,11 @@ def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_ran
         # one more report carries them (rank 0 gathers it after its own runner returns).
         gather_reports(session.take_report())
     finally:
+        # The DDP replica (its reducer holds the process group and gloo's work objects) goes before the group does,
+        # while the interpreter is whole: freed at interpreter exit instead, a rank once aborted there ("terminate
+        # called without an active exception", SIGABRT) after a completed run.
+        learner = session = None
+        gc.collect()
         distributed.close()
 
 
