@@ -207,14 +207,18 @@ def r2d2_step_ms(cfg: C.Config, spec, device, sizes: list[int]) -> dict[str, flo
     """Milliseconds per R2D2 gradient step as a run takes it (prioritised sample, update, new priorities) on b
     sequences, for each b in ``sizes``; the replay holds one batch of zero sequences (an Atari-sized replay is not
     allocated to time it; inserting new sequences is not timed)."""
+    return {str(b): _median_time(r2d2_timing_agent(cfg, spec, device, b).timed_step, reps=3, min_s=0.3) * 1e3
+            for b in sizes}
+
+
+def r2d2_timing_agent(cfg: C.Config, spec, device, batch_size: int):
+    """An R2D2 agent whose replay holds one batch of ``batch_size`` sequences (an Atari-sized replay would take GiBs
+    before anything is timed): what calibration and the trainer bench's learner ceiling time ``timed_step`` on."""
     from .train import make_learner
 
-    out = {}
-    for b in sizes:
-        c2 = replace(cfg, r2d2=replace(cfg.r2d2, batch_size=b, replay_size=b, learning_starts=b))
-        agent = make_learner(build_model(c2.learner, spec), c2, spec, device)
-        out[str(b)] = _median_time(agent.timed_step, reps=3, min_s=0.3) * 1e3
-    return out
+    b = batch_size
+    c2 = replace(cfg, r2d2=replace(cfg.r2d2, batch_size=b, replay_size=b, learning_starts=b))
+    return make_learner(build_model(c2.learner, spec), c2, spec, device)
 
 
 def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
@@ -244,7 +248,7 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     if r2d2:  # gradient steps on batches of b stored sequences (burn-in + sequence + 1 rows each)
         sizes = [16, 32] if quick or cfg.env.is_atari else [16, 32, 64]  # and the workload's own
         training = r2d2_step_ms(cfg, spec, device, sorted({*sizes, cfg.r2d2.batch_size}))
-    for b in [] if r2d2 else ([8, 16] if quick or cfg.env.is_atari else [8, 16, 32, 64]):
+    for b in () if r2d2 else ([8, 16] if quick or cfg.env.is_atari else [8, 16, 32, 64]):
         c2 = replace(cfg, actors=replace(cfg.actors, envs_per_actor=b), learner=replace(cfg.learner, batch_size=b))
         learner = Learner(build_model(c2.learner, spec), c2.learner, device, total_steps=10**12)
         bufs = RolloutBuffers.allocate(1, c2.learner.unroll_length, b, spec, shared=False,

@@ -134,11 +134,9 @@ def exploration(cfg: Config, device: torch.device) -> torch.Tensor | None:
     whose policy samples its own actions."""
     if cfg.learner.agent != "r2d2":
         return None
-    from .agents.r2d2 import epsilon_ladder
+    from .agents.r2d2 import env_epsilons
 
-    k = cfg.actors.envs_per_actor
-    eps = epsilon_ladder(cfg.num_clients * k, cfg.r2d2.epsilon_base, cfg.r2d2.epsilon_alpha)
-    return torch.as_tensor(eps, dtype=torch.float32, device=device).view(cfg.num_clients, k)
+    return torch.as_tensor(env_epsilons(cfg), dtype=torch.float32, device=device)
 
 
 def take_full(session: Session, full_q, nb: int, while_waiting) -> list[int]:

@@ -130,6 +130,12 @@ class PrioritySampler:
         return slots, w / w.max()
 
 
+def env_epsilons(cfg) -> np.ndarray:
+    """Each env's exploration rate in a run [clients, K]: the ladder over all the run's envs, in client order."""
+    k = cfg.actors.envs_per_actor
+    return epsilon_ladder(cfg.num_clients * k, cfg.r2d2.epsilon_base, cfg.r2d2.epsilon_alpha).reshape(-1, k)
+
+
 def epsilon_ladder(n: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
     """The exploration rate of each of ``n`` actors (or envs): base ** (1 + alpha i / (n - 1))."""
     if n == 1:
@@ -548,8 +554,7 @@ class R2D2Agent:
         self.totals = {"insert_s": 0.0, "sample_s": 0.0, "priority_s": 0.0}
         # The episodes of the envs that explore least (epsilon <= GREEDY_EPSILON on the ladder): the reported return
         # mixes in envs acting at random up to r2d2.epsilon_base of the time, which understates the policy
-        k = cfg.actors.envs_per_actor
-        self.env_epsilon = epsilon_ladder(cfg.num_clients * k, r.epsilon_base, r.epsilon_alpha).reshape(-1, k)
+        self.env_epsilon = env_epsilons(cfg)
         self.greedy_episodes = EpisodeStats()
 
     @property

@@ -128,14 +128,12 @@ def learner_ceiling(cfg: C.Config, seconds: float = 5.0, warmup_updates: int = 3
 
 
 def _r2d2_ceiling(cfg: C.Config, seconds: float, warmup_updates: int) -> dict:
-    from rlbalance.train import make_learner
+    from rlbalance.calibrate import r2d2_timing_agent
 
     spec = probe_spec(cfg.env)
     torch.set_num_threads(cfg.learner.torch_threads)
     device = resolve_device(cfg.learner.device)
-    b = cfg.r2d2.batch_size  # a replay of one batch (the Atari preset's would take 8 GiB before anything is timed)
-    small = replace(cfg, r2d2=replace(cfg.r2d2, replay_size=b, learning_starts=b))
-    agent = make_learner(build_model(cfg.learner, spec), small, spec, device)
+    agent = r2d2_timing_agent(cfg, spec, device, cfg.r2d2.batch_size)
     for _ in range(warmup_updates):
         agent.timed_step()
     n, t0 = 0, time.perf_counter()
