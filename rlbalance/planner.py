@@ -18,13 +18,23 @@ Per env step, in microseconds:
 
 FPS = frameskip x min(actor SPS, learner SPS); the smaller side is the verdict. Power: CPU idle at 30% of
 TDP plus the busy share of the rest, GPUs idle plus their utilization share of TDP less idle, plus a base.
+
+Coverage: every prediction says which of its lookups fell outside what the calibration measured (an env
+count, inference or training batch, or actor count past the measured ones; a GPU speed from the roofline;
+a machine other than the calibrated one) and gives an FPS range besides the point. The range spans the
+two ways an extrapolated term can go on: held at the value measured at the edge ('edge'; a per-call time
+grows in proportion to its batch past the largest measured batch), or along the slope of the last two
+measured points ('trend', kept within a factor of 2 of the edge value); the roofline's efficiency is
+taken at half and twice its stated value. Every combination is evaluated, and the band widens by the
+model's validated error (VALIDATED_ERROR, measured by ``rlbalance bench planner``).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -35,6 +45,10 @@ GPU_INFER_OVERHEAD_MS = 0.08  # kernel launches and sync per forward pass (model
 GPU_TRAIN_OVERHEAD_MS = 1.5  # per update: forward, backward, optimizer kernels (modeled)
 CPU_IDLE_FRACTION = 0.3
 KNEE_TOLERANCE = 0.05
+# The band every prediction carries even where it stays within the calibration: the worst absolute FPS error of the
+# planner's validation on held-out sweep points (bench/results/planner/planner-validation.md, CartPole and the
+# synthetic env, 2 cores). Measured; rlbalance bench planner re-measures it.
+VALIDATED_ERROR = 0.19
 
 
 @dataclass(frozen=True)
@@ -134,14 +148,28 @@ def interp(table: dict[str, float], x: float) -> float:
     return pts[-1][1]
 
 
-def clamped(points: dict[str, dict], n: float, key: str) -> float:
-    """``key`` of the pipeline points, linear in the actor count between them, held flat past the ends."""
-    pts = sorted((float(a), p[key]) for a, p in points.items())
-    if n <= pts[0][0]:
-        return pts[0][1]
-    if n >= pts[-1][0]:
-        return pts[-1][1]
-    return interp({str(a): v for a, v in pts}, n)
+@dataclass
+class Lookups:
+    """The table lookups of one prediction: which fell outside the measured range (``outside``: name -> why), and
+    how each extrapolated term goes on (``modes``: name -> 'edge' or 'trend'; unnamed terms take their default)."""
+
+    modes: dict[str, str] = field(default_factory=dict)
+    outside: dict[str, str] = field(default_factory=dict)
+
+    def table(self, name: str, table: dict[str, float], x: float, per_call: bool = False,
+              edge_default: bool = False, what: str = "") -> float:
+        """``table`` at ``x``: piecewise-linear inside the measured points; past them as the term's mode says
+        (``edge_default``: the point prediction holds the edge value, else it follows the trend)."""
+        pts = sorted((float(k), float(v)) for k, v in table.items())
+        (x0, y0), (x1, y1) = pts[0], pts[-1]
+        if x0 <= x <= x1:
+            return interp(table, x)
+        self.outside[name] = f"{what or name} at {x:g}, measured {x0:g}" + (f"..{x1:g}" if x1 != x0 else "")
+        edge_x, edge_y = (x0, y0) if x < x0 else (x1, y1)
+        edge = edge_y * x / edge_x if per_call and x > x1 else edge_y  # a batch past the largest: in proportion
+        if self.modes.get(name, "edge" if edge_default else "trend") == "edge" or len(pts) == 1:
+            return edge
+        return min(max(interp(table, x), edge / 2), edge * 2)
 
 
 def _workload(cal: dict, key: str):
@@ -157,10 +185,10 @@ def learner_devices(cal: dict, m: Machine) -> int:
     return 1 if _workload(cal, "agent") == "r2d2" else max(m.gpus, 1)
 
 
-def gpu_speed(cal: dict, gpu: GpuSpec) -> dict:
+def gpu_speed(cal: dict, gpu: GpuSpec, efficiency: float = ROOFLINE_EFFICIENCY) -> dict:
     """Speed of ``gpu`` relative to the calibrated device for inference and training (roofline, modeled)."""
     w = cal["workload"]
-    peak = gpu.fp32_tflops * 1e12 * ROOFLINE_EFFICIENCY
+    peak = gpu.fp32_tflops * 1e12 * efficiency
     b_inf = 128
     t_inf = GPU_INFER_OVERHEAD_MS + w["forward_flops_per_obs"] * b_inf / peak * 1e3
     b_tr = w["batch_size"]
@@ -204,6 +232,31 @@ def speed_for(cal: dict, m: Machine, gpu_cals: list[dict]) -> dict | None:
 
 
 def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict | None = None) -> dict:
+    """The modeled FPS, verdict and power of the workload on ``m`` with ``actor_threads`` actor threads (default:
+    all but what the learner takes), with ``extrapolated`` / ``extrapolation`` (the terms outside what the
+    calibration measured, and why) and ``fps_range`` [low, high] (see the module's note on coverage)."""
+    lk = Lookups()
+    p = _predict(cal, m, actor_threads, speed, lk)
+    why = dict(lk.outside)
+    roofline = bool(m.gpus) and speed is None
+    if roofline:
+        why["gpu"] = f"{m.gpu.name} speed from the roofline model (no calibration on that GPU: --gpu-calibration)"
+    calibrated = this_machine(cal) if "hardware" in cal else None
+    if calibrated and (m.threads, m.gpus) != (calibrated.threads, 0):
+        why["machine"] = (f"calibrated on a {calibrated.threads}-thread machine without a GPU; predicted for "
+                          f"{m.threads} threads" + (f" and {m.gpus} GPU(s)" if m.gpus else ""))
+    fps = [p["fps"]]
+    terms = sorted(lk.outside)
+    for modes in itertools.product(("edge", "trend"), repeat=len(terms)):
+        for eff in ((ROOFLINE_EFFICIENCY / 2, min(1.0, ROOFLINE_EFFICIENCY * 2)) if roofline else (None,)):
+            alt = gpu_speed(cal, m.gpu, eff) if eff else speed
+            fps.append(_predict(cal, m, actor_threads, alt, Lookups(dict(zip(terms, modes))))["fps"])
+    p.update(extrapolated=bool(why), extrapolation=list(why.values()),
+             fps_range=[min(fps) * (1 - VALIDATED_ERROR), max(fps) * (1 + VALIDATED_ERROR)])
+    return p
+
+
+def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | None, lk: Lookups) -> dict:
     w = cal["workload"]
     k, t, b = w["envs_per_actor"], w["unroll_length"], w["batch_size"]
     learner_threads = 0 if m.gpus else int(cal.get("torch_threads", 1))
@@ -213,10 +266,10 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     smt = (cal.get("smt") or {}).get("factor") or 1.0
     smt_threads = max(0, actor_threads - m.cores)  # threads beyond one per core run on siblings
     if "actor_loop_us" in cal:  # the whole actor loop (env + buffer writes) was measured
-        env_us = interp(cal["actor_loop_us"], k)
+        env_us = lk.table("env", cal["actor_loop_us"], k, what="envs per actor")
         overhead_us = cal["pipe_round_trip_us"] / k + w["obs_bytes"] * cal["copy_ns_per_byte"] / 1e3
     else:
-        env_us = interp(cal["env_step_us"], k)
+        env_us = lk.table("env", cal["env_step_us"], k, what="envs per actor")
         overhead_us = cal["pipe_round_trip_us"] / k + 3 * w["obs_bytes"] * cal["copy_ns_per_byte"] / 1e3
     per_thread = [env_us * (smt if i < 2 * smt_threads else 1.0) for i in range(actor_threads)]
     actor_sps = sum(1e6 / (c + overhead_us) for c in per_thread)
@@ -224,8 +277,10 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     # one inference server per learner device, each batching its own share of the actors (learner.devices=N)
     devices = learner_devices(cal, m)
     in_flight = max(k, min(512, actor_threads * k * max(w.get("env_groups", 1), 1) // (2 * devices)))
-    inf_us = interp(cal["inference_ms"], in_flight) * 1e3 / in_flight
-    train_us = interp(cal["train_step_ms"], b) * 1e3 / w.get("env_steps_per_train_step", b * t)
+    inf_us = lk.table("inference", cal["inference_ms"], in_flight, per_call=True,
+                      what="inference batch") * 1e3 / in_flight
+    train_us = (lk.table("training", cal["train_step_ms"], b, per_call=True, what="training batch") * 1e3
+                / w.get("env_steps_per_train_step", b * t))
     if m.gpus:
         speed = speed or gpu_speed(cal, m.gpu)
         inf_us, train_us = inf_us / speed["inference"], train_us / speed["training"]
@@ -233,9 +288,11 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     learner_sps = devices * 1e6 / device_us
     pipe = cal.get("pipeline") if not m.gpus else None
     if pipe:  # the measured pipeline loop: round trips and CPU per step with the CPU learner beside
-        at = {key: clamped(pipe["points"], actor_threads, key)
+        at = {key: lk.table("pipeline", {a: q[key] for a, q in pipe["points"].items()}, actor_threads,
+                            edge_default=True, what="actor threads in the pipeline loop")
               for key in ("group_cycle_us", "actor_cpu_us_per_step", "learner_cpu_us_per_step")}
-        env_extra = max(0.0, interp(cal["env_step_us"], k) - pipe.get("free_env_step_us", 0.0))
+        env_extra = max(0.0, lk.table("env", cal["env_step_us"], k, what="envs per actor")
+                        - pipe.get("free_env_step_us", 0.0))
         g = max(int(w.get("env_groups", 1)), 1)
         cycle = max(at["group_cycle_us"] + k * env_extra, g * k * env_extra)  # a group's turn; all groups
         actor_sps = min(actor_sps, actor_threads * g * k * 1e6 / cycle)
@@ -304,6 +361,8 @@ def validate(cal: dict, rows: list[dict]) -> dict:
         p = predict(cal, m, int(r["actor_cores"]))
         out.append({"key": r["key"], "point": r["point"], "measured_fps": r["fps"], "measured_fps_min": r["fps_min"],
                     "measured_fps_max": r["fps_max"], "runs": r["runs"], "predicted_fps": p["fps"],
+                    "predicted_fps_range": p["fps_range"], "extrapolated": p["extrapolated"],
+                    "in_range": p["fps_range"][0] <= r["fps"] <= p["fps_range"][1],
                     "error": abs(p["fps"] - r["fps"]) / r["fps"], "measured_verdict": r["verdict"],
                     "predicted_verdict": p["verdict"]})
     errs = [x["error"] for x in out]

@@ -142,6 +142,45 @@ def test_gpu_calibration_file_gives_a_measured_speed():
         speed_for(cal, box(), [gpu_cal])
 
 
+def test_a_prediction_inside_the_calibration_is_not_flagged_and_carries_the_validated_band():
+    from rlbalance.planner import VALIDATED_ERROR
+
+    cal = calibration(env_us=100.0, train_ms=1.0, infer_ms=0.01)
+    here = Machine("this machine", "x", 8, 8, 0, None, 80.0, 100.0)  # the calibrated one (see calibration())
+    p = predict(cal, here, actor_threads=4)  # K=10 measured, inference batch 40 within 10..1000, B=10 measured
+    assert not p["extrapolated"] and p["extrapolation"] == []
+    assert p["fps_range"] == pytest.approx([p["fps"] * (1 - VALIDATED_ERROR), p["fps"] * (1 + VALIDATED_ERROR)])
+
+
+def test_past_the_measured_env_counts_the_prediction_says_so_and_spans_edge_and_trend():
+    """Env cost per step measured at K=1 (50 us) and K=10 (100 us); asked at K=40: held at the edge it costs 100 us,
+    along the trend 266 us, kept within twice the edge: 200 us. Actor-bound on a GPU box, so FPS is 1e6 / cost per
+    actor thread, and the range spans both (widened by the validated error); the point follows the trend."""
+    from rlbalance.planner import VALIDATED_ERROR
+
+    cal = calibration(env_us=100.0, train_ms=1e-3, infer_ms=1e-4)
+    cal["env_step_us"] = {"1": 50.0, "10": 100.0}
+    cal["workload"]["envs_per_actor"] = 40
+    p = predict(cal, box(), actor_threads=4, speed=SAME)
+    assert p["verdict"] == "actor-bound" and p["extrapolated"]
+    assert "envs per actor at 40, measured 1..10" in p["extrapolation"]
+    assert p["fps"] == pytest.approx(4 * 1e6 / 200, rel=1e-6)
+    lo, hi = p["fps_range"]
+    assert lo == pytest.approx(4 * 1e6 / 200 * (1 - VALIDATED_ERROR), rel=1e-6)
+    assert hi == pytest.approx(4 * 1e6 / 100 * (1 + VALIDATED_ERROR), rel=1e-6)
+
+
+def test_a_gpu_without_its_calibration_is_flagged_as_roofline_with_a_wider_range():
+    from rlbalance.planner import VALIDATED_ERROR
+
+    cal = calibration(env_us=1.0, train_ms=100.0, infer_ms=0.01)  # learner-bound: the GPU's speed decides
+    p = predict(cal, box(), actor_threads=8)
+    assert p["extrapolated"] and any("roofline" in why for why in p["extrapolation"])
+    assert any("8-thread machine" in why for why in p["extrapolation"])  # calibrated on 8 threads, box has 16
+    lo, hi = p["fps_range"]
+    assert lo < p["fps"] * (1 - VALIDATED_ERROR) and hi > p["fps"] * (1 + VALIDATED_ERROR)
+
+
 def test_power_and_cost_are_modeled_and_positive():
     p = predict(calibration(), box(), 4, speed=SAME)
     assert p["node_power_w"] > 100 and p["fps_per_watt"] > 0 and p["cost_per_billion_frames"] > 0
@@ -197,6 +236,10 @@ def test_calibrate_plan_and_validate_cli(tmp_path, capsys):
     assert [p["machine"] for p in plan] == ["dgx-a100", "dgx-1", "mine"]
     assert all(p["prediction"]["source"] == "modeled" and p["prediction"]["fps"] > 0 for p in plan)
     assert plan[2]["prediction"]["cost_per_billion_frames"] > 0
+    for p in plan:  # catalog GPUs without a GPU calibration: the roofline, flagged, with a range about the point
+        lo, hi = p["prediction"]["fps_range"]
+        assert p["prediction"]["extrapolated"] and lo < p["prediction"]["fps"] < hi
+    assert "extrapolated past what the calibration measured" in capsys.readouterr().out
     rows = run_sweep("v", {"telemetry": {"warmup_s": 0.5}}, parse_axes(["actors.num_actors=1,2"]), 8000,
                      tmp_path / "s.db", str(tmp_path / "runs"))
     capsys.readouterr()

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"rlbalance plan: {cal['workload']['env']} with {cal['workload']['model']} (all modeled)")
-    for col in ("system", "FPS", "verdict", "FPS/W", "$ per 1e9 frames", "actor threads/GPU wanted", "has"):
+    for col in ("system", "FPS", "FPS range", "verdict", "FPS/W", "$ per 1e9 frames", "actor threads/GPU wanted",
+                "has"):
         table.add_column(col, justify="right")
     results = []
     for m in machines:
@@ -83,11 +84,19 @@ def run(args: argparse.Namespace) -> int:
         p = predict(cal, m, speed=speed)
         r = best_ratios(cal, m, speed)
         results.append({"machine": m.name, "prediction": p, "ratios": {k: v for k, v in r.items() if k != "curve"},
-                        "curve": [(c["actor_threads"], c["fps"], c["fps_per_watt"]) for c in r["curve"]]})
+                        "curve": [(c["actor_threads"], c["fps"], c["fps_per_watt"], *c["fps_range"])
+                                  for c in r["curve"]]})
         cost = f"{p['cost_per_billion_frames']:,.2f}" if p["cost_per_billion_frames"] else "n/a"
-        table.add_row(m.name, f"{p['fps']:,.0f}", p["verdict"], f"{p['fps_per_watt']:,.1f}", cost,
-                      f"{r['throughput_optimal_R']:g}", f"{r['has_R']:g}")
+        lo, hi = p["fps_range"]
+        table.add_row(m.name + (" *" if p["extrapolated"] else ""), f"{p['fps']:,.0f}", f"{lo:,.0f}-{hi:,.0f}",
+                      p["verdict"], f"{p['fps_per_watt']:,.1f}", cost, f"{r['throughput_optimal_R']:g}",
+                      f"{r['has_R']:g}")
     Console().print(table)
+    flagged = [(x["machine"], x["prediction"]["extrapolation"]) for x in results if x["prediction"]["extrapolated"]]
+    if flagged:
+        print("* extrapolated past what the calibration measured (the range spans the ways it can go on):")
+        for name, why in flagged:
+            print(f"  {name}: " + "; ".join(why))
     if args.out:
         from pathlib import Path
 
@@ -102,9 +111,13 @@ def run(args: argparse.Namespace) -> int:
         fig, ax = plt.subplots(figsize=(7, 4))
         for r in results:
             acc = max(next(m for m in machines if m.name == r["machine"]).gpus, 1)
-            ax.plot([c[0] / acc for c in r["curve"]], [c[1] / acc for c in r["curve"]], label=r["machine"])
+            xs = [c[0] / acc for c in r["curve"]]
+            line, = ax.plot(xs, [c[1] / acc for c in r["curve"]], label=r["machine"])
+            ax.fill_between(xs, [c[3] / acc for c in r["curve"]], [c[4] / acc for c in r["curve"]],
+                            color=line.get_color(), alpha=0.12, lw=0)
         ax.set_xlabel("actor threads per accelerator (R)")
         ax.set_ylabel("predicted FPS per accelerator (modeled)")
+        ax.set_title(f"{cal['workload']['env']}: predicted FPS per accelerator (bands: the FPS range)", fontsize=9)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         fig.tight_layout()
