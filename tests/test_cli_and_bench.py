@@ -5,6 +5,8 @@ from pathlib import Path
 import subprocess
 import sys
 
+import pytest
+
 from rlbalance.cli import main
 
 
@@ -86,6 +88,29 @@ def test_sweep_bench_tiny(tmp_path):
     assert c["best_R_swept"] == 1 or any("extend the sweep to R > 2" in w for w in c["warnings"])
     assert (tmp_path / "sweep" / "cartpole" / "ratio.html").exists()
     assert (tmp_path / "sweep" / "sweep.db").exists()
+
+
+def test_planner_bench_tiny_and_resumed(tmp_path, capsys):
+    from rlbalance.bench.planner_validation import parse_workloads, run_validation
+    from rlbalance.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown planner workload.*'cartpol'"):
+        parse_workloads("cartpole,cartpol")
+    r = run_validation(tmp_path, [1], seconds=4.0, workloads=["synthetic-20us"], quick=True)
+    assert r["workloads"] == 1 and r["points"] == 1 and r["worst_abs_error"] >= 0
+    doc = _strict(tmp_path / "planner" / "planner-validation.json")
+    point = doc["workloads"]["synthetic-20us"]["points"][0]
+    assert point["measured_fps"] > 0 and point["predicted_fps"] > 0
+    lo, hi = point["predicted_fps_range"]
+    assert lo < point["predicted_fps"] < hi
+    text = (tmp_path / "planner" / "planner-validation.md").read_text()
+    assert "| synthetic-20us | 1 |" in text and "Targets" in text
+    assert (tmp_path / "planner" / "planner-validation.png").stat().st_size > 1000
+    capsys.readouterr()
+    again = run_validation(tmp_path, [1], seconds=4.0, workloads=["synthetic-20us"], quick=True)  # resumes
+    out = capsys.readouterr().out
+    assert "calibration kept" in out and "done before, skipped" in out
+    assert again["median_abs_error"] == r["median_abs_error"]
 
 
 def test_seeds_bench_tiny(tmp_path, capsys):

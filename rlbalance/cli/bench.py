@@ -9,7 +9,7 @@
   rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
   rlbalance bench soak --minutes 30            # memory flat and FPS steady over a long run
   rlbalance bench chaos --minutes 30           # actors killed, hung and crashed, the learner killed and resumed
-  rlbalance bench planner                      # calibrate, sweep, and the model's error on held-out points
+  rlbalance bench planner                      # per workload: calibrate, sweep, the model's error on held-out points
   rlbalance bench ray                          # Ray actors against shared-memory actors, overhead per step
   rlbalance bench seeds --seeds 8              # CartPole learning over seeds with the default config
   rlbalance bench memory --seeds 2             # CartPole without velocities: an LSTM core against feed-forward
@@ -28,21 +28,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                          "chaos", "planner", "ray", "seeds", "memory"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
-    p.add_argument("--workloads", default="cartpole,pong", help="trainer: comma-separated workloads "
-                   "(cartpole, pong, synthetic, halfcheetah; cartpole-previous and pong-previous: the settings before each preset, "
+    p.add_argument("--workloads", default="", help="trainer: comma-separated workloads (default cartpole,pong; "
+                   "also synthetic, halfcheetah; cartpole-previous and pong-previous: the settings before each preset, "
                    "to measure what the preset costs in the same run; cartpole-r2d2 and pong-r2d2: the same envs "
-                   "with learner.agent=r2d2)")
+                   "with learner.agent=r2d2); planner: the workloads to validate on (default all: cartpole, acrobot, "
+                   "acrobot-actor-inference, cartpole-large-model, pendulum, synthetic-20us, synthetic-300us, pong)")
     p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..2x usable CPUs)")
     p.add_argument("--steps", type=int, default=0, help="mujoco-curve: env steps (default 1M); trainer: env steps per end-to-end run "
                    "(default 500k CartPole, 25k Pong, 60k HalfCheetah); seeds: env steps per run (default 500k)")
-    p.add_argument("--seconds", type=float, default=5.0, help="trainer: seconds per ceiling measurement")
+    p.add_argument("--seconds", type=float, default=0.0, help="trainer: seconds per ceiling measurement (default 5); "
+                   "planner: seconds per sweep run (default 30)")
     p.add_argument("--frames", type=int, default=10_000_000, help="pong-curve: frames to train")
     p.add_argument("--seed", type=int, default=1, help="pong-curve, mujoco-curve, chaos: run.seed (chaos: and the fault schedule)")
     p.add_argument("--fault-every", type=float, default=0.0, help="chaos: mean seconds between injected faults "
                    "(default: a 90th of the run)")
     p.add_argument("--from-run", metavar="RUN_DIR", help="pong-curve: write the curve files of an existing run "
                    "directory instead of training")
-    p.add_argument("--repeats", type=int, default=4, help="telemetry-overhead: runs each way")
+    p.add_argument("--repeats", type=int, default=0, help="telemetry-overhead: runs each way (default 4); planner: "
+                   "runs per sweep point (default 1)")
     p.add_argument("--minutes", type=float, default=30.0, help="soak, chaos: minutes of training")
     p.add_argument("--seeds", type=int, default=0, help="seeds: runs per mode (seeds 0..N-1, default 8); memory: "
                    "seeds 1..N (default 2)")
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.name == "telemetry-overhead":
         from rlbalance.bench.telemetry_overhead import run_overhead
 
-        r = run_overhead(args.steps or 300_000, args.repeats, out)
+        r = run_overhead(args.steps or 300_000, args.repeats or 4, out)
         print(f"telemetry overhead {r['overhead']:+.1%} (median {r['median_on']:,.0f} vs {r['median_off']:,.0f} SPS)")
         return 0
     if args.name == "ray":
@@ -68,10 +71,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {run_ray_overhead(out, [w for w in args.workloads.split(',') if w and w != 'pong'] or ['cartpole'], [int(x) for x in args.actors.split(',') if x] or [1, 2, 4], args.steps or 150_000)}")
         return 0
     if args.name == "planner":
-        from rlbalance.bench.planner_validation import run_validation
+        from rlbalance.bench.planner_validation import parse_workloads, run_validation
 
-        print(run_validation(out, [int(x) for x in args.actors.split(",") if x] or [1, 2, 3, 4],
-                             args.steps or 200_000))
+        r = run_validation(out, [int(x) for x in args.actors.split(",") if x] or [1, 2, 3, 4], args.seconds or 30.0,
+                           parse_workloads(args.workloads), repeats=args.repeats or 1)
+        print(f"planner: median {r['median_abs_error']:.1%}, worst {r['worst_abs_error']:.1%} over {r['points']} points "
+              f"of {r['workloads']} workloads (targets {'met' if r['met'] else 'NOT met'}); wrote "
+              f"{out / 'planner' / 'planner-validation.md'}")
         return 0
     if args.name == "soak":
         from rlbalance.bench.soak import run_soak
@@ -92,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         from rlbalance.bench.sweep_bench import run_bench_sweep
 
         print(run_bench_sweep(out, [int(x) for x in args.actors.split(",") if x] or [1, 2, 3, 4],
-                              args.steps or 0, args.workloads))
+                              args.steps or 0, args.workloads or "cartpole,pong"))
         return 0
     if args.name == "seeds":
         from rlbalance.bench.seeds import run_seeds
@@ -140,12 +146,12 @@ def run(args: argparse.Namespace) -> int:
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     counts = [int(x) for x in args.actors.split(",") if x] or list(range(1, 2 * max(ncpu, 1) + 1))
     results = []
-    for w in [w for w in args.workloads.split(",") if w]:
+    for w in [w for w in (args.workloads or "cartpole,pong").split(",") if w]:
         if w not in WORKLOADS:
             from rlbalance.config import ConfigError
 
             raise ConfigError(f"--workloads: unknown workload {w!r}; choose from {sorted(WORKLOADS)}")
         steps = args.steps or DEFAULT_STEPS.get(w, 500_000)
-        results.append(run_workload(w, counts, steps, args.seconds, out))
+        results.append(run_workload(w, counts, steps, args.seconds or 5.0, out))
     print(f"wrote {write_results(results, out)}")
     return 0

@@ -11,6 +11,12 @@ from .. import config as C
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Descriptions and examples kept as written; an option's default shown once, and only if it has one."""
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """Wrapped at spaces only: names with hyphens (workloads, env ids, options) stay whole."""
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if action.default in (None, argparse.SUPPRESS, []) or "default" in text or action.default is False:
