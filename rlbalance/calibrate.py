@@ -266,7 +266,7 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     counts = sorted({1, ncpu, 2 * ncpu}) if not quick else [1]
     free = replace(cfg.env, id="synthetic", synthetic_step_us=0.0, synthetic_obs_shape=tuple(spec.obs_shape),
                    synthetic_actions=spec.num_actions)
-    pipeline = {"points": {str(n): pipeline_loop(cfg, spec, 4.0 if quick else 6.0, n) for n in counts},
+    pipeline = {"points": {str(n): pipeline_loop(cfg, spec, 4.0 if quick else 10.0, n) for n in counts},
                 "free_env_step_us": env_step_us(replace(cfg, env=free), k),
                 "source": "measured: synthetic env at 0 us per step, the workload's shapes"}
     from .rundir import hardware_stamp

@@ -31,9 +31,10 @@ model's validated error (VALIDATED_ERROR, measured by ``rlbalance bench planner`
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import statistics
-import itertools
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -262,7 +263,9 @@ def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | Non
     learner_threads = 0 if m.gpus else int(cal.get("torch_threads", 1))
     if actor_threads is None:
         actor_threads = m.threads - (1 if m.gpus else learner_threads)
-    actor_threads = max(1, min(actor_threads, m.threads))
+    pipe = cal.get("pipeline") if not m.gpus else None
+    # more actor processes than threads is a point the CPU pipeline loop measures (up to twice the CPUs): kept
+    actor_threads = max(1, actor_threads if pipe else min(actor_threads, m.threads))
     smt = (cal.get("smt") or {}).get("factor") or 1.0
     smt_threads = max(0, actor_threads - m.cores)  # threads beyond one per core run on siblings
     if "actor_loop_us" in cal:  # the whole actor loop (env + buffer writes) was measured
@@ -286,7 +289,6 @@ def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | Non
         inf_us, train_us = inf_us / speed["inference"], train_us / speed["training"]
     device_us = inf_us + train_us
     learner_sps = devices * 1e6 / device_us
-    pipe = cal.get("pipeline") if not m.gpus else None
     if pipe:  # the measured pipeline loop: round trips and CPU per step with the CPU learner beside
         at = {key: lk.table("pipeline", {a: q[key] for a, q in pipe["points"].items()}, actor_threads,
                             edge_default=True, what="actor threads in the pipeline loop")
@@ -299,6 +301,12 @@ def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | Non
         actor_cost_us = env_extra + at["actor_cpu_us_per_step"]
         device_us = at["learner_cpu_us_per_step"]
         learner_sps = m.threads * 1e6 / device_us  # with the whole machine; the shared capacity is below
+        if all("sps" in q for q in pipe["points"].values()):
+            # The learner process (learner and inference server threads under one GIL) saturates below the
+            # machine's threads: the pipeline's own throughput with free actors is the learner side's ceiling.
+            learner_sps = min(learner_sps, lk.table("pipeline", {a: q["sps"] for a, q in pipe["points"].items()},
+                                                    actor_threads, edge_default=True,
+                                                    what="actor threads in the pipeline loop"))
     sps = min(actor_sps, learner_sps)
     shared = not m.gpus and (actor_threads + learner_threads > m.threads or bool(pipe))
     cpu_bound = False
@@ -348,6 +356,16 @@ def this_machine(cal: dict) -> Machine:
                    int(hw.get("usable_cpus") or hw["logical_cpus"]), 0, None, 10.0 * hw["logical_cpus"], 100.0)
 
 
+def _actor_processes(row: dict) -> int:
+    """A local sweep run's actor processes (which the CPU pipeline loop is measured against, more than the cores
+    included); the actor cores of the row where its config does not say (a Ray run: the CPUs it reserved)."""
+    cfg = row.get("config")
+    cfg = json.loads(cfg) if isinstance(cfg, str) else cfg or {}
+    if (cfg.get("ray") or {}).get("address") or not cfg.get("actors"):
+        return int(row["actor_cores"])
+    return int(cfg["actors"]["num_actors"])
+
+
 def validate(cal: dict, rows: list[dict]) -> dict:
     """Predicted against measured FPS for sweep points on the calibrated machine (a point run several times
     counts with the median of its runs, and its spread is kept)."""
@@ -358,7 +376,7 @@ def validate(cal: dict, rows: list[dict]) -> dict:
     for r in combine_repeats(rows):
         if not r["fps"] or r["fps"] <= 0:  # a point with no measured FPS (too short a run) says nothing
             continue
-        p = predict(cal, m, int(r["actor_cores"]))
+        p = predict(cal, m, _actor_processes(r))
         out.append({"key": r["key"], "point": r["point"], "measured_fps": r["fps"], "measured_fps_min": r["fps_min"],
                     "measured_fps_max": r["fps_max"], "runs": r["runs"], "predicted_fps": p["fps"],
                     "predicted_fps_range": p["fps_range"], "extrapolated": p["extrapolated"],

@@ -114,6 +114,25 @@ def test_pipeline_round_trip_limits_few_actors():
     assert predict(cal, box(threads=64, gpus=0), actor_threads=4)["sps"] == pytest.approx(4 * p["sps"], rel=1e-6)
 
 
+def test_the_pipeline_throughput_with_free_actors_caps_the_cpu_learner_side():
+    """The learner process (learner and inference server threads under one GIL) saturates below the machine's
+    threads: its CPU per step says 2 threads could train 2e6 / 100 = 20k steps/s, but the pipeline loop with free
+    actors measured 8k at 2 actor processes and 6k at 4, so that is the learner side's ceiling there; 3 actor
+    processes (more than the 2 threads, as the loop measured) lie between."""
+    cal = calibration(env_us=1.0, train_ms=0.1, infer_ms=0.001)
+    point = {"group_cycle_us": 10.0, "actor_cpu_us_per_step": 1.0, "learner_cpu_us_per_step": 100.0}
+    cal["pipeline"] = {"points": {"1": {**point, "sps": 5000.0}, "2": {**point, "sps": 8000.0},
+                                  "4": {**point, "sps": 6000.0}}, "free_env_step_us": 0.0}
+    two = Machine("this machine", "x", 2, 2, 0, None, 20.0, 100.0)
+    assert predict(cal, two, actor_threads=2)["learner_sps"] == pytest.approx(8000.0)
+    p3 = predict(cal, two, actor_threads=3)
+    assert p3["actor_threads"] == 3 and p3["learner_sps"] == pytest.approx(7000.0)
+    assert not any("pipeline" in why for why in p3["extrapolation"])
+    p8 = predict(cal, two, actor_threads=8)  # past the loop's 4: held at the edge, and said so
+    assert p8["learner_sps"] == pytest.approx(6000.0)
+    assert "actor threads in the pipeline loop at 8, measured 1..4" in p8["extrapolation"]
+
+
 def test_pipeline_cpu_capacity_caps_many_actors():
     """2 threads; a step costs 10 us of env + 40 us of actor loop + 30 us in the learner process."""
     cal = calibration(env_us=10.0, train_ms=0.1, infer_ms=0.001)
