@@ -171,6 +171,14 @@ def model_flops(model: torch.nn.Module, obs: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
+def free_env(env: C.EnvConfig, spec) -> C.EnvConfig:
+    """The synthetic env at 0 us per step with this env's observation shape and dtype and action count: the free
+    env of the pipeline loop."""
+    return replace(env, id="synthetic", synthetic_step_us=0.0, synthetic_cost="busy", synthetic_fault="",
+                   synthetic_obs_shape=tuple(spec.obs_shape), synthetic_actions=spec.num_actions,
+                   synthetic_obs_dtype="uint8" if spec.obs_dtype == np.uint8 else "float32")
+
+
 def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1) -> dict:
     """A real training run on a free env of this workload's shape, 1 actor: group cycle and CPU per step."""
     import tempfile
@@ -178,18 +186,24 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1
     from .train import train
 
     with tempfile.TemporaryDirectory() as tmp:
-        over = {"env": {"id": "synthetic", "synthetic_step_us": 0.0, "synthetic_obs_shape": list(spec.obs_shape),
-                        "synthetic_actions": spec.num_actions},
-                "actors": {"num_actors": num_actors, "envs_per_actor": cfg.actors.envs_per_actor,
-                           "env_groups": cfg.actors.env_groups},
-                "inference": {"mode": cfg.inference.mode},
-                "learner": {**asdict(cfg.learner), "model": resolve_model(cfg.learner, spec)},
+        # The workload's whole config (actors, buffers, inference, learner as its presets made them; no preset
+        # layered again) with the free env in place of its env
+        d = cfg.to_dict()
+        over = {**d,
+                "env": asdict(free_env(cfg.env, spec)),
+                # (the buffers a run at this many actors gets: a preset's count raised where it would stall)
+                "actors": {**d["actors"], "num_actors": num_actors, "cpu_affinity": [], "buffers_per_actor": C.fit_buffers(
+                    replace(cfg.actors, num_actors=num_actors), cfg.learner).buffers_per_actor},
+                "learner": {**d["learner"], "model": resolve_model(cfg.learner, spec)},
                 # R2D2: the learner trains from the first batch of sequences on (a short loop would otherwise
-                # end before learning_starts), on a replay of one batch (the free env's observations are float32)
-                "r2d2": {**asdict(cfg.r2d2), "learning_starts": cfg.r2d2.batch_size,
-                         "replay_size": cfg.r2d2.batch_size},
-                "run": {"total_steps": 10**9, "max_seconds": seconds, "out_dir": tmp, "name": "pipeline"},
-                "telemetry": {"progress": False, "report": False, "tensorboard": False, "warmup_s": seconds / 4,
+                # end before learning_starts), on a replay of one batch
+                "r2d2": {**d["r2d2"], "learning_starts": cfg.r2d2.batch_size, "replay_size": cfg.r2d2.batch_size},
+                "ray": {**d["ray"], "address": ""},
+                "run": {**d["run"], "total_steps": 10**9, "max_seconds": seconds, "out_dir": tmp, "name": "pipeline",
+                        "preset": "none", "checkpoint_interval_s": 10**6},
+                # warm-up: half the loop (it counts from the first update, when with twice the CPUs in actor
+                # processes the last ones are still starting: 10 s loops with a quarter measured 20-30% low there)
+                "telemetry": {"progress": False, "report": False, "tensorboard": False, "warmup_s": seconds / 2,
                               "hardware_interval_s": 0.5, "log_interval_s": 0.5}}
         s = train(C.build(over))
         recs = [json.loads(line) for line in open(Path(s["run_dir"]) / "metrics.jsonl")]
@@ -199,7 +213,9 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1
     if not sps:
         raise RuntimeError(f"pipeline loop with {num_actors} actors made no steps in {seconds} s")
     k, g = cfg.actors.envs_per_actor, cfg.actors.env_groups
-    return {"sps": sps, "group_cycle_us": g * k * 1e6 / sps,
+    # an actor's wait for one request's actions (K envs' steps), from the share of its time it waits for them
+    wait = ((s.get("stage_shares") or {}).get("actor") or {}).get("wait_action", 0.0)
+    return {"sps": sps, "group_cycle_us": g * k * 1e6 / sps, "request_wait_us": wait * num_actors * k * 1e6 / sps,
             "actor_cpu_us_per_step": cores["actor"] * 1e6 / sps, "learner_cpu_us_per_step": cores["learner"] * 1e6 / sps}
 
 
@@ -264,9 +280,8 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
 
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     counts = sorted({1, ncpu, 2 * ncpu}) if not quick else [1]
-    free = replace(cfg.env, id="synthetic", synthetic_step_us=0.0, synthetic_obs_shape=tuple(spec.obs_shape),
-                   synthetic_actions=spec.num_actions)
-    pipeline = {"points": {str(n): pipeline_loop(cfg, spec, 4.0 if quick else 10.0, n) for n in counts},
+    free = free_env(cfg.env, spec)
+    pipeline = {"points": {str(n): pipeline_loop(cfg, spec, 4.0 if quick else 12.0, n) for n in counts},
                 "free_env_step_us": env_step_us(replace(cfg, env=free), k),
                 "source": "measured: synthetic env at 0 us per step, the workload's shapes"}
     from .rundir import hardware_stamp

@@ -77,6 +77,8 @@ class EnvConfig:
                              "it out without using a core, emulating envs whose work runs elsewhere (lets a small "
                              "machine sweep more actors than it has cores).")
     synthetic_obs_shape: tuple[int, ...] = _f((16,), "Synthetic: observation shape (e.g. [16] or [4,84,84]).")
+    synthetic_obs_dtype: str = _f("float32", "Synthetic: observation dtype, 'float32' or 'uint8' (as Atari frames; "
+                                  "what calibration's free env takes from a pixel workload).")
     synthetic_actions: int = _f(4, "Synthetic: number of discrete actions.")
     synthetic_episode_len: int = _f(200, "Synthetic: episode length in steps.")
     synthetic_fault: str = _f("", "Synthetic, for fault tests: 'raise:N', 'hang:N' or 'kill:N' (SIGKILL itself) after "
@@ -106,6 +108,8 @@ class EnvConfig:
         _require(len(self.synthetic_obs_shape) >= 1 and all(int(d) >= 1 for d in self.synthetic_obs_shape),
                  "env.synthetic_obs_shape", self.synthetic_obs_shape, "a non-empty list of positive sizes")
         _require(self.synthetic_actions >= 2, "env.synthetic_actions", self.synthetic_actions, "must be >= 2")
+        _require(self.synthetic_obs_dtype in ("float32", "uint8"), "env.synthetic_obs_dtype", self.synthetic_obs_dtype,
+                 "'float32' or 'uint8'")
         kind, _, n = self.synthetic_fault.partition(":")
         _require(not self.synthetic_fault or (kind in ("raise", "hang", "kill", "nan") and n.isdigit()),
                  "env.synthetic_fault", self.synthetic_fault, "'' or raise:N, hang:N, kill:N, nan:N")

@@ -56,7 +56,7 @@ class SyntheticEnv:
     """
 
     def __init__(self, k: int, obs_shape: tuple[int, ...], num_actions: int, step_us: float,
-                 episode_len: int, seed: int, cost: str = "busy", fault: str = ""):
+                 episode_len: int, seed: int, cost: str = "busy", fault: str = "", dtype: str = "float32"):
         self.k, self.obs_shape, self.num_actions = k, tuple(obs_shape), num_actions
         self.sleep = cost == "sleep"
         kind, _, n = fault.partition(":")
@@ -65,12 +65,14 @@ class SyntheticEnv:
         self.episode_len = episode_len
         self.rng = np.random.default_rng(seed)
         self.t = np.zeros(k, dtype=np.int64)
-        self.obs = np.zeros((k, *self.obs_shape), dtype=np.float32)
+        self.obs = np.zeros((k, *self.obs_shape), dtype=np.dtype(dtype))
         self.flat = self.obs.reshape(k, -1)
         self.n_key = min(num_actions, self.flat.shape[1])
 
     def _draw(self, idx: np.ndarray | slice) -> None:
-        self.flat[idx, : self.n_key] = self.rng.standard_normal(self.flat[idx, : self.n_key].shape)
+        shape = self.flat[idx, : self.n_key].shape
+        self.flat[idx, : self.n_key] = (self.rng.standard_normal(shape) if self.flat.dtype != np.uint8
+                                         else self.rng.integers(0, 256, shape, dtype=np.uint8))
 
     def reset(self) -> np.ndarray:
         self.t[:] = 0
@@ -346,8 +348,9 @@ class EnvBatch:
             self.synthetic = SyntheticEnv(k, cfg.synthetic_obs_shape, cfg.synthetic_actions,
                                           cfg.synthetic_step_us, cfg.synthetic_episode_len, seed, cfg.synthetic_cost,
                                           cfg.synthetic_fault if fault_armed or cfg.synthetic_fault.startswith("nan")
-                                          else "")
-            self.spec = EnvSpec(tuple(cfg.synthetic_obs_shape), np.dtype(np.float32), cfg.synthetic_actions, 1)
+                                          else "", cfg.synthetic_obs_dtype)
+            self.spec = EnvSpec(tuple(cfg.synthetic_obs_shape), np.dtype(cfg.synthetic_obs_dtype), cfg.synthetic_actions,
+                                1)
         else:
             self.envs = [make_single(cfg, seed + i) for i in range(k)]
             space = self.envs[0].observation_space

@@ -133,6 +133,21 @@ def test_the_pipeline_throughput_with_free_actors_caps_the_cpu_learner_side():
     assert "actor threads in the pipeline loop at 8, measured 1..4" in p8["extrapolation"]
 
 
+def test_an_actor_round_waits_for_each_request_less_what_its_other_groups_step_meanwhile():
+    """2 groups of K=10 envs; a step costs 10 us of env over the free env's and 5 us of actor loop: a group's turn
+    is 150 us. With a measured wait of 400 us per request, each group waits 400 - 150 us after the other's turn: a
+    round takes 2 x 150 + 2 x 250 = 800 us for 20 steps. With 100 us the other group's turn hides it: 300 us."""
+    cal = calibration(env_us=10.0, train_ms=1e-4, infer_ms=1e-4)
+    cal["env_step_us"] = {"10": 10.0}
+    point = {"group_cycle_us": 1.0, "actor_cpu_us_per_step": 5.0, "learner_cpu_us_per_step": 0.01, "sps": 1e9}
+    cal["pipeline"] = {"points": {"1": {**point, "request_wait_us": 400.0}}, "free_env_step_us": 0.0}
+    big = Machine("big", "x", 64, 64, 0, None, 200.0, 100.0)
+    p = predict(cal, big, actor_threads=1)
+    assert p["verdict"] == "actor-bound" and p["sps"] == pytest.approx(20 * 1e6 / 800, rel=1e-6)
+    cal["pipeline"]["points"]["1"]["request_wait_us"] = 100.0
+    assert predict(cal, big, actor_threads=1)["sps"] == pytest.approx(20 * 1e6 / 300, rel=1e-6)
+
+
 def test_pipeline_cpu_capacity_caps_many_actors():
     """2 threads; a step costs 10 us of env + 40 us of actor loop + 30 us in the learner process."""
     cal = calibration(env_us=10.0, train_ms=0.1, infer_ms=0.001)

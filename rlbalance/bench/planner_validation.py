@@ -81,8 +81,9 @@ def summarise(results: dict) -> dict:
         v["points_in_range"] = sum(bool(p.get("in_range")) for p in v["points"])
     every = [p["error"] for v in results.values() for p in v["points"]]
     medians = [v["median_abs_error"] for v in results.values()]
+    p90 = statistics.quantiles(every, n=10)[-1] if len(every) > 1 else every[0]
     return {"workloads": len(results), "points": len(every), "median_abs_error": statistics.median(every),
-            "worst_abs_error": max(every), "worst_workload_median": max(medians),
+            "worst_abs_error": max(every), "p90_abs_error": p90, "worst_workload_median": max(medians),
             "points_in_range": sum(v["points_in_range"] for v in results.values()),
             "targets": {"median_per_workload": TARGET_MEDIAN, "worst_overall": TARGET_WORST},
             "met": max(medians) <= TARGET_MEDIAN and max(every) <= TARGET_WORST}
@@ -103,7 +104,8 @@ def write_report(out: Path, results: dict, settings: dict | None = None) -> dict
         lines.append(f"| {w} | {len(v['points'])} | {v['median_abs_error']:.1%} | {v['worst_abs_error']:.1%} | "
                      f"{v['points_in_range']}/{len(v['points'])} |")
     lines += ["", f"Overall: {overall['points']} points over {overall['workloads']} workloads, median "
-              f"{overall['median_abs_error']:.1%}, worst {overall['worst_abs_error']:.1%}; the worst workload median "
+              f"{overall['median_abs_error']:.1%}, 90th percentile {overall['p90_abs_error']:.1%} (the planner's "
+              f"band, VALIDATED_ERROR), worst {overall['worst_abs_error']:.1%}; the worst workload median "
               f"{overall['worst_workload_median']:.1%}. Targets (median <= {TARGET_MEDIAN:.0%} on each workload, worst "
               f"<= {TARGET_WORST:.0%} overall): {'met' if overall['met'] else 'NOT met'}.", ""]
     for w, v in results.items():
