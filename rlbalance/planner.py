@@ -291,18 +291,22 @@ def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | Non
     device_us = inf_us + train_us
     learner_sps = devices * 1e6 / device_us
     if pipe:  # the measured pipeline loop: round trips and CPU per step with the CPU learner beside
-        at = {key: lk.table("pipeline", {a: q[key] for a, q in pipe["points"].items()}, actor_threads,
+        def loop(key: str) -> float:  # a loop term at this many actor processes
+            return lk.table("pipeline", {a: q[key] for a, q in pipe["points"].items()}, actor_threads,
                             edge_default=True, what="actor threads in the pipeline loop")
-              for key in ("group_cycle_us", "actor_cpu_us_per_step", "learner_cpu_us_per_step")}
+
+        def measured(key: str) -> bool:  # (files from before a term was measured lack it)
+            return all(key in q for q in pipe["points"].values())
+
+        at = {key: loop(key) for key in ("group_cycle_us", "actor_cpu_us_per_step", "learner_cpu_us_per_step")}
         env_extra = max(0.0, lk.table("env", cal["env_step_us"], k, what="envs per actor")
                         - pipe.get("free_env_step_us", 0.0))
         g = max(int(w.get("env_groups", 1)), 1)
-        if all("request_wait_us" in q for q in pipe["points"].values()):
+        if measured("request_wait_us"):
             # An actor's round over its g groups: each steps its K envs (the env's cost over the free env's, plus
             # the actor loop's CPU per step), then waits for its request's actions, L, less the time the other
             # groups' steps took meanwhile
-            wait = lk.table("pipeline", {a: q["request_wait_us"] for a, q in pipe["points"].items()},
-                            actor_threads, edge_default=True, what="actor threads in the pipeline loop")
+            wait = loop("request_wait_us")
             turn = k * (env_extra + at["actor_cpu_us_per_step"])
             cycle = g * turn + g * max(0.0, wait - (g - 1) * turn)
         else:  # a calibration from before the request wait was measured: the loop's cycle plus the env's cost
@@ -311,12 +315,10 @@ def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | Non
         actor_cost_us = env_extra + at["actor_cpu_us_per_step"]
         device_us = at["learner_cpu_us_per_step"]
         learner_sps = m.threads * 1e6 / device_us  # with the whole machine; the shared capacity is below
-        if all("sps" in q for q in pipe["points"].values()):
+        if measured("sps"):
             # The learner process (learner and inference server threads under one GIL) saturates below the
             # machine's threads: the pipeline's own throughput with free actors is the learner side's ceiling.
-            learner_sps = min(learner_sps, lk.table("pipeline", {a: q["sps"] for a, q in pipe["points"].items()},
-                                                    actor_threads, edge_default=True,
-                                                    what="actor threads in the pipeline loop"))
+            learner_sps = min(learner_sps, loop("sps"))
     sps = min(actor_sps, learner_sps)
     shared = not m.gpus and (actor_threads + learner_threads > m.threads or bool(pipe))
     cpu_bound = False
