@@ -128,13 +128,16 @@ def write_report(out: Path, results: dict, settings: dict | None = None) -> dict
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 5))
-    for w, v in results.items():
-        ax.scatter([p["measured_fps"] for p in v["points"]], [p["predicted_fps"] for p in v["points"]], label=w, s=18)
+    for w, v in results.items():  # points with the measured runs' spread (min to max) as horizontal bars
+        xs, ys = [p["measured_fps"] for p in v["points"]], [p["predicted_fps"] for p in v["points"]]
+        spread = [[p["measured_fps"] - p.get("measured_fps_min", p["measured_fps"]) for p in v["points"]],
+                  [p.get("measured_fps_max", p["measured_fps"]) - p["measured_fps"] for p in v["points"]]]
+        ax.errorbar(xs, ys, xerr=spread, fmt="o", ms=4, lw=1, capsize=2, label=w, zorder=3)
     vals = [x for v in results.values() for p in v["points"] for x in (p["measured_fps"], p["predicted_fps"])]
     lo, hi = min(vals) / 1.5, max(vals) * 1.5
-    ax.plot([lo, hi], [lo, hi], "k:", lw=1)
+    ax.plot([lo, hi], [lo, hi], "k:", lw=1, zorder=2)
     ax.fill_between([lo, hi], [lo * (1 - TARGET_WORST), hi * (1 - TARGET_WORST)],
-                    [lo * (1 + TARGET_WORST), hi * (1 + TARGET_WORST)], color="0.85", lw=0, label="+-25%")
+                    [lo * (1 + TARGET_WORST), hi * (1 + TARGET_WORST)], color="0.9", lw=0, label="+-25%", zorder=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("measured FPS")
