@@ -215,6 +215,10 @@ class RunDir:
         atomic_write_bytes(self.ckpt_dir / "latest", path.name.encode())
         for old in sorted(self.ckpt_dir.glob("ckpt-*.pt"))[:-keep]:
             old.unlink(missing_ok=True)
+        # a session killed while it wrote (SIGKILL mid-checkpoint) left its temporary file; this run directory has
+        # one writer (its lock), so any left now is such a leftover
+        for stale in self.ckpt_dir.glob("*.tmp"):
+            stale.unlink(missing_ok=True)
         return path
 
     def latest_checkpoint(self) -> Path | None:

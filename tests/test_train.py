@@ -60,6 +60,18 @@ def test_truncated_checkpoint_is_a_clear_error(cfg_factory, tmp_path):
         run.load_checkpoint()
 
 
+def test_a_checkpoint_left_half_written_by_a_killed_session_is_cleared_by_the_next_save(cfg_factory):
+    """SIGKILL mid-checkpoint leaves the writer's temporary file (a chaos run found one after its learner kill);
+    the next checkpoint of the run removes it and keeps the good ones."""
+    s = train(cfg_factory(run={"total_steps": 5_000, "name": "tmpleft"}, telemetry={"tensorboard": False}))
+    run = RunDir(s["run_dir"])
+    stale = run.ckpt_dir / "ckpt-000000099999.pt.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    good = run.latest_checkpoint()
+    run.save_checkpoint(run.load_checkpoint())
+    assert not stale.exists() and good.exists() and run.latest_checkpoint() == good
+
+
 def test_pong_trains_end_to_end_on_two_actors(cfg_factory):
     s = train(cfg_factory(env={"id": "ALE/Pong-v5"}, actors={"num_actors": 2, "envs_per_actor": 2},
                           learner={"batch_size": 4, "unroll_length": 10, "reward_clip": 1.0},
