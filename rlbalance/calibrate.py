@@ -180,7 +180,8 @@ def free_env(env: C.EnvConfig, spec) -> C.EnvConfig:
 
 
 def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1) -> dict:
-    """A real training run on a free env of this workload's shape, 1 actor: group cycle and CPU per step."""
+    """A real training run of this workload's config on its free env with ``num_actors`` actor processes: its
+    throughput, the actors' wait per request, and the actor and learner processes' CPU per step."""
     import tempfile
 
     from .train import train
