@@ -48,6 +48,34 @@ def test_a_sequence_pass_equals_the_steps_the_policy_took_with_resets():
         assert not torch.allclose(broken[3, 0], params[3, 0], atol=1e-2)
 
 
+@pytest.mark.parametrize("agent", ["vtrace", "r2d2"])
+def test_a_bf16_torso_runs_in_bfloat16_and_hands_float32_features_to_the_core(agent):
+    """learner.torso_precision=bf16: the CNN runs under bfloat16 autocast (its outputs differ from float32's at
+    bfloat16's precision, not more), the LSTM state and the heads' outputs stay float32; a precision it does not know
+    is refused naming the field."""
+    import copy
+
+    spec = EnvSpec((4, 44, 44), np.dtype(np.uint8), 3, 4)
+    torch.manual_seed(0)
+    fp32 = build_model(C.LearnerConfig(agent=agent, core="lstm", core_size=16, model="nature_cnn"), spec)
+    bf16 = copy.deepcopy(fp32)
+    bf16.torso_precision = "bf16"
+    assert build_model(C.LearnerConfig(agent=agent, core="lstm", core_size=16, model="nature_cnn",
+                                       torso_precision="bf16"), spec).torso_precision == "bf16"
+    t1, n = 5, 3
+    obs = torch.randint(0, 255, (t1, n, *spec.obs_shape), dtype=torch.uint8)
+    first = torch.zeros(t1, n, dtype=torch.bool)
+    state0 = torch.zeros(n, fp32.state_size)
+    with torch.no_grad():
+        a, b = fp32(obs, state0, first), bf16(obs, state0, first)
+    out_a, out_b = a[0], b[0]
+    assert out_b.dtype == torch.float32 and b[-1].dtype == torch.float32
+    err = (out_a - out_b).abs().max() / out_a.abs().max()
+    assert 0 < err < 0.05  # it did run in bfloat16 (8-bit mantissa), and close to float32
+    with pytest.raises(C.ConfigError, match="learner.torso_precision"):
+        C.LearnerConfig(torso_precision="fp16")
+
+
 @pytest.mark.parametrize("mode,inference,devices", [("serial", "central", 1), ("parallel", "central", 1),
                                                     ("parallel", "actor", 1), ("parallel", "central", 2)])
 def test_the_learner_trains_from_the_states_the_actors_stepped_with(cfg_factory, monkeypatch, mode, inference,

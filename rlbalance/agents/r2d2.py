@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from rlbalance.metrics import EpisodeStats
-from rlbalance.model import lstm_step
+from rlbalance.model import lstm_sequence, lstm_step, run_torso, scaled_input
 
 RESCALE_EPS = 1e-3
 GREEDY_EPSILON = 0.01  # envs exploring at most this often count as the near-greedy ones (their returns apart)
@@ -180,6 +180,7 @@ class R2D2Net(nn.Module):
             self.torso, out = _mlp(int(np.prod(obs_shape)), hidden_sizes), hidden_sizes[-1]
         # core_size 0: no LSTM (a feed-forward Q-network on the same sequence replay: the memory task's control)
         self.core = nn.LSTMCell(out, core_size) if core_size else None
+        self.torso_precision = "fp32"  # learner.torso_precision (build_model sets it): see run_torso
         head_in = core_size or out
         self.core_size, self.num_actions = core_size, num_actions
         self.state_size = 2 * core_size
@@ -193,18 +194,18 @@ class R2D2Net(nn.Module):
         return torch.zeros(n, 2 * self.core_size, device=device)
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
-        if x.dim() == 4:  # channels-last convolutions (as the actor-critic's CNN)
-            x = x.contiguous(memory_format=torch.channels_last)
-        return self.torso(x)
+        return run_torso(self.torso, scaled_input(obs), self.torso_precision)
 
     def _step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.core is None:
             h, state = x, state
         else:
             h, state = lstm_step(self.core, x, state)
+        return self._head(h), state
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         adv = self.advantage(h)
-        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True), state
+        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
 
     def forward(self, obs: torch.Tensor, state0: torch.Tensor, first: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,14 +214,10 @@ class R2D2Net(nn.Module):
         t1, b = obs.shape[:2]
         x = self._features(obs.reshape(t1 * b, *obs.shape[2:])).reshape(t1, b, -1)
         keep = (~first).to(state0.dtype)
-        state, qs, states = state0, [], []
-        for t in range(t1):
-            if t:
-                state = state * keep[t].view(-1, 1)
-            q, state = self._step(x[t], state)
-            qs.append(q)
-            states.append(state)
-        return torch.stack(qs), torch.stack(states)
+        if self.core is None:
+            return self._head(x), state0.expand(t1, *state0.shape)
+        h, states = lstm_sequence(self.core, x, state0, keep)
+        return self._head(h), states
 
     @torch.inference_mode()
     def act_recurrent(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor,
