@@ -21,6 +21,7 @@ class InferenceServer(threading.Thread):
                  envs_per_actor: int, max_batch: int, max_wait_ms: float, model_lock: threading.Lock,
                  version_fn, seed: int, timers: bool = True):
         super().__init__(name="inference", daemon=True)
+        self.torch_threads = torch.get_num_threads()  # the learner process's (learner.torch_threads)
         self.model, self.slots, self.conns, self.device = model, slots, conns, device
         self.k = envs_per_actor
         self.max_clients = max(1, (max_batch or envs_per_actor * len(conns)) // envs_per_actor)
@@ -101,6 +102,10 @@ class InferenceServer(threading.Thread):
         return pending
 
     def run(self) -> None:
+        # A thread's OpenMP team size is its own: without this the server's matrix products ran on a team of one
+        # per CPU whose idle worker spin-waited between requests, a core burned (measured: 0.94 of a core at one
+        # actor on 2 CPUs, where the actor got 0.45)
+        torch.set_num_threads(self.torch_threads)
         try:
             self._loop()
         except BaseException as e:  # surfaced by the learner loop

@@ -304,6 +304,7 @@ class RayFeeder(threading.Thread):
         device = learner.device
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(cfg.run.seed)
+        self.torch_threads = torch.get_num_threads()
         self.weights: tuple[int, object] | None = None  # actor mode: (version, object ref of flat params)
         self._weights_lock = threading.Lock()
         self.messages = 0
@@ -319,6 +320,7 @@ class RayFeeder(threading.Thread):
             self.weights = (version, ref)
 
     def run(self) -> None:
+        torch.set_num_threads(self.torch_threads)  # (a thread's OpenMP team is its own: see InferenceServer.run)
         try:
             self._loop()
         except BaseException as e:
