@@ -88,9 +88,9 @@ def run_torso(torso: nn.Module, x: torch.Tensor, precision: str = "fp32") -> tor
 
 def scaled_input(obs: torch.Tensor) -> torch.Tensor:
     """Observations as the networks take them: float, uint8 scaled to [0, 1], images [N, C, H, W] channels-last
-    (oneDNN's convolutions are ~25% faster so on a CPU, and it suits GPUs). The layout is changed on the uint8
-    bytes and the scaling done in place, one float copy in all: float-then-reorder made two copies and a division,
-    ~13% of an R2D2 Pong update on a CPU."""
+    (oneDNN's convolutions run ~25% faster in that layout on a CPU, and it suits GPUs). The layout is changed on
+    the uint8 bytes and the scaling done in place, one float copy in all: float-then-reorder made two copies and a
+    division, ~13% of an R2D2 Pong update on a CPU."""
     x = obs.contiguous(memory_format=torch.channels_last) if obs.dim() == 4 else obs
     return x.float().mul_(1.0 / 255.0) if obs.dtype == torch.uint8 else x.float()
 
@@ -135,7 +135,7 @@ class ActorCritic(nn.Module):
                 x = x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def _features(self, x: torch.Tensor) -> torch.Tensor:
+    def _policy_features(self, x: torch.Tensor) -> torch.Tensor:
         return run_torso(self.torso, x, self.torso_precision)
 
     def _value_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,7 +156,7 @@ class ActorCritic(nn.Module):
                                 "first [T1, N]); one step is act_recurrent")
             return self.forward_sequence(obs, state0, first)
         x = self._prep(obs)
-        h = self._features(x)
+        h = self._policy_features(x)
         hv = h if self.value_torso is None else self._value_features(x)
         return self._params(h), self.baseline(hv).squeeze(-1)
 
@@ -169,7 +169,7 @@ class ActorCritic(nn.Module):
             actions, params, _, _ = self.act_recurrent(obs, self.initial_state(obs.shape[0], obs.device), first,
                                                        generator)
             return actions, params
-        params = self._params(self._features(self._prep(obs)))
+        params = self._params(self._policy_features(self._prep(obs)))
         return self.action.sample(params, generator), params
 
     @property
@@ -183,7 +183,7 @@ class ActorCritic(nn.Module):
     def _policy_step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's features and the next state, for observations [N, ...] after states [N, state_size]."""
         x = self._prep(obs)
-        h, pol = lstm_step(self.core, self._features(x), state[:, :2 * self.core_size])
+        h, pol = lstm_step(self.core, self._policy_features(x), state[:, :2 * self.core_size])
         if self.value_core is None:
             return h, pol
         _, val = lstm_step(self.value_core, self._value_features(x), state[:, 2 * self.core_size:])
@@ -209,7 +209,7 @@ class ActorCritic(nn.Module):
         after each row [T1, N, state_size] (before any reset of the next)."""
         t1, n = obs.shape[:2]
         x = self._prep(obs.reshape(t1 * n, *obs.shape[2:]))
-        xp = self._features(x).reshape(t1, n, -1)
+        xp = self._policy_features(x).reshape(t1, n, -1)
         xv = self._value_features(x).reshape(t1, n, -1) if self.value_core is not None else None
         keep = (~first).to(state0.dtype)
         two = 2 * self.core_size
@@ -225,7 +225,7 @@ class ActorCritic(nn.Module):
         bootstrap from a time limit's last observation)."""
         x = self._prep(obs)
         if self.value_core is None:
-            h, _ = lstm_step(self.core, self._features(x), state)
+            h, _ = lstm_step(self.core, self._policy_features(x), state)
         else:
             h, _ = lstm_step(self.value_core, self._value_features(x), state[:, 2 * self.core_size:])
         return self.baseline(h).squeeze(-1)
