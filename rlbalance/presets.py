@@ -132,9 +132,19 @@ AGENT_FAMILY_PRESETS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     },
 }
 AGENT_FAMILY_PRESETS[("r2d2", "toy")] = AGENT_FAMILY_PRESETS[("r2d2", "classic")]  # (CartPoleNoVelocity, Catch)
-# Atari: a replay that fits a 24 GiB machine (2,500 sequences of 121 stacked 84x84x4 frames take 8 GiB; the paper's
-# million would take over a TiB in this layout), filled to a fifth before learning starts.
-AGENT_FAMILY_PRESETS[("r2d2", "atari")] = {"r2d2": {"replay_size": 2_500, "learning_starts": 500}}
+# Atari on a few CPU cores. The paper's sequences (80 after a burn-in of 40, batch 64) cost 12-15 s per update on
+# the 2-CPU development machine: ~1k updates in 10M frames. Sequences of 20 after a burn-in of 10 (the replay period
+# one 10-step unroll), 16 per batch, at replay ratio 2, cost 0.23-0.31 s per update and give ~28k updates in 10M
+# frames; Adam at 2.5e-4 with eps 1e-5 (the paper's 1e-3 damped every step of gradients this size), the target net
+# copied every 200 updates. The replay holds 10,000 such sequences (31 stacked 84x84x4 frames each: 8.7 GB; the
+# paper's million would not fit in memory in this layout), filled to a fifth before learning starts. Pong, seed 1,
+# with learner.torso_precision=bf16: bench/results/pong-r2d2/. At replay ratio 1 a run was still at -20.8 after
+# 1.85M frames (bench/results/pong-r2d2/stopped-rr1/).
+AGENT_FAMILY_PRESETS[("r2d2", "atari")] = {
+    "learner": {"learning_rate": 2.5e-4, "adam_eps": 1e-5, "unroll_length": 10},
+    "r2d2": {"sequence_length": 20, "burn_in": 10, "batch_size": 16, "replay_size": 10_000, "learning_starts": 2_000,
+             "replay_ratio": 2.0, "target_update_every": 200},
+}
 
 
 def layer(name: str, env_id: str = "", agent: str = "vtrace") -> dict[str, Any]:
