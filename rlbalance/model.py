@@ -129,11 +129,7 @@ class ActorCritic(nn.Module):
 
     def _prep(self, obs: torch.Tensor) -> torch.Tensor:
         x = scaled_input(obs)
-        if self.obs_norm is not None:
-            x = self.obs_norm(x)
-            if x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-        return x
+        return self.obs_norm(x) if self.obs_norm is not None else x  # (MLP only: no image layout to keep)
 
     def _policy_features(self, x: torch.Tensor) -> torch.Tensor:
         return run_torso(self.torso, x, self.torso_precision)
