@@ -73,6 +73,7 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
         wall.append(offset + r["time_s"])
     rows = [{"frames": r["frames"], "wall_s": w, "return": _finite(r.get("episode_return")),
              "entropy": _finite(r.get("loss/entropy")), "policy_lag": _finite(r.get("policy_lag")),
+             "q_mean": _finite(r.get("loss/q_mean")), "td_abs": _finite(r.get("loss/td_abs")),
              "fps": _finite(r.get("fps"))} for r, w in zip(recs, wall)]
     crossed = {}
     for m in milestones:
@@ -83,6 +84,7 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
     fps = [row["fps"] for row in rows if row["fps"]]
     result = {
         "env": cfg["env"]["id"], "preset": cfg["run"].get("preset"), "seed": cfg["run"]["seed"],
+        "agent": cfg["learner"].get("agent", "vtrace"),
         "frames": rows[-1]["frames"] if rows else 0, "wall_minutes": round(wall[-1] / 60, 1) if wall else 0.0,
         "final_return_last100": with_return[-1]["return"] if with_return else None,
         "best_return_last100": max((row["return"] for row in with_return), default=None),
@@ -93,9 +95,9 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1, allow_nan=False))
-    (out / f"{stem}.csv").write_text("frames,wall_s,mean_return_last100,entropy,policy_lag\n" + "".join(
-        f"{r['frames']},{r['wall_s']:.1f},{_csv(r['return'])},{_csv(r['entropy'])},{_csv(r['policy_lag'])}\n"
-        for r in rows))
+    cols = ("return", "entropy", "q_mean", "td_abs", "policy_lag")
+    (out / f"{stem}.csv").write_text("frames,wall_s,mean_return_last100,entropy,q_mean,td_abs,policy_lag\n" + "".join(
+        f"{r['frames']},{r['wall_s']:.1f}," + ",".join(_csv(r[c]) for c in cols) + "\n" for r in rows))
     ckpts = sorted((run / "checkpoints").glob("ckpt-*.pt"))
     if ckpts:  # the final policy as a minimal run directory (config + model-only checkpoint) for `rlbalance eval`
         from rlbalance.rundir import CHECKPOINT_FORMAT, atomic_write_json
@@ -139,12 +141,22 @@ def _plot(rows: list[dict], result: dict, path: Path, milestones: tuple[float, .
         if pong:
             ax.set_ylim(-21.5, 21.5)
         ax.grid(alpha=0.3)
-    axes[0][0].set_title(f"{result['env']}, preset {result['preset']}, seed {result['seed']}")
+    axes[0][0].set_title(f"{result['env']}, {result.get('agent', 'vtrace')}, preset {result['preset']}, "
+                         f"seed {result['seed']}")
     axes[0][1].set_title(f"median {result['fps_median'] or 0:,.0f} {'FPS' if pong else 'steps/s'} on this machine")
+    xlabel = "frames (millions)" if pong else "env steps (millions)"
     ent = [(r["frames"] / 1e6, r["entropy"]) for r in rows if r["entropy"] is not None]
-    axes[1][0].plot([p[0] for p in ent], [p[1] for p in ent], color="C1")
-    axes[1][0].set_xlabel("frames (millions)" if pong else "env steps (millions)")
-    axes[1][0].set_ylabel("policy entropy (max ln 6 = 1.79)" if pong else "policy entropy (nats)")
+    if ent or not any(r.get("q_mean") is not None for r in rows):  # a policy-gradient agent: its entropy
+        axes[1][0].plot([p[0] for p in ent], [p[1] for p in ent], color="C1")
+        axes[1][0].set_ylabel("policy entropy (max ln 6 = 1.79)" if pong else "policy entropy (nats)")
+    else:  # a value-based agent (R2D2): the mean Q of the batch and its mean absolute TD error, per update
+        q = [(r["frames"] / 1e6, r["q_mean"]) for r in rows if r.get("q_mean") is not None]
+        td = [(r["frames"] / 1e6, r["td_abs"]) for r in rows if r.get("td_abs") is not None]
+        axes[1][0].plot([p[0] for p in q], [p[1] for p in q], color="C1", label="mean Q (rescaled)")
+        axes[1][0].plot([p[0] for p in td], [p[1] for p in td], color="C3", label="mean |TD error|")
+        axes[1][0].set_ylabel("learner batch (rescaled value units)")
+        axes[1][0].legend(loc="best", fontsize=8)
+    axes[1][0].set_xlabel(xlabel)
     axes[1][0].grid(alpha=0.3)
     lag = [(r["frames"] / 1e6, r["policy_lag"]) for r in rows if r["policy_lag"] is not None]
     axes[1][1].plot([p[0] for p in lag], [p[1] for p in lag], color="C2")
