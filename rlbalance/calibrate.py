@@ -220,6 +220,21 @@ def pipeline_loop(cfg: C.Config, spec, seconds: float = 8.0, num_actors: int = 1
             "actor_cpu_us_per_step": cores["actor"] * 1e6 / sps, "learner_cpu_us_per_step": cores["learner"] * 1e6 / sps}
 
 
+def envs_counts(cfg: C.Config) -> list[int]:
+    """Envs per actor besides the workload's K at which calibration runs the pipeline loop: the largest count up to
+    K/4 and the largest up to 4K, among those the config allows (divisors of learner.batch_size, since an actor
+    buffer holds K unrolls, and within inference.max_batch where that is set)."""
+    k = cfg.actors.envs_per_actor
+    b, cap = cfg.learner.batch_size, cfg.inference.max_batch
+
+    def allowed(x: int) -> bool:
+        return b % x == 0 and (not cap or x <= cap)
+
+    small = max((x for x in range(1, max(1, k // 4) + 1) if x < k and allowed(x)), default=None)
+    large = max((x for x in range(k + 1, 4 * k + 1) if allowed(x)), default=None)
+    return [x for x in (small, large) if x is not None]
+
+
 def r2d2_step_ms(cfg: C.Config, spec, device, sizes: list[int]) -> dict[str, float]:
     """Milliseconds per R2D2 gradient step as a run takes it (prioritised sample, update, new priorities) on b
     sequences, for each b in ``sizes``; the replay holds one batch of zero sequences (an Atari-sized replay is not
@@ -243,7 +258,9 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     r2d2 = cfg.learner.agent == "r2d2"
     device = resolve_device(cfg.learner.device)
     torch.set_num_threads(cfg.learner.torch_threads)
-    ks = [1, 8] if quick or cfg.env.is_atari else [1, 8, 32]
+    # env and actor-loop costs at 1, 8 (32 for cheap envs), the workload's K and the K the loop is also run at
+    ks = [1, 8] if quick else sorted({1, 8, cfg.actors.envs_per_actor, *envs_counts(cfg)}
+                                     | (set() if cfg.env.is_atari else {32}))
     progress("env step cost per core ...")
     env = {str(k): env_step_us(cfg, k) for k in ks}
     progress("actor loop cost per step ...")
@@ -285,6 +302,14 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     pipeline = {"points": {str(n): pipeline_loop(cfg, spec, 4.0 if quick else 12.0, n) for n in counts},
                 "free_env_step_us": env_step_us(replace(cfg, env=free), k),
                 "source": "measured: synthetic env at 0 us per step, the workload's shapes"}
+    if not quick:  # the loop at other envs per actor, at ncpu actors: what the terms do as K changes
+        progress(f"pipeline loop at other envs per actor {envs_counts(cfg)} ...")
+        pipeline["envs_actors"] = ncpu
+        pipeline["envs_points"] = {}
+        for kk in envs_counts(cfg):
+            c2 = replace(cfg, actors=C.fit_buffers(replace(cfg.actors, envs_per_actor=kk), cfg.learner))
+            pipeline["envs_points"][str(kk)] = {**pipeline_loop(c2, spec, 12.0, ncpu),
+                                                "free_env_step_us": env_step_us(replace(c2, env=free), kk)}
     from .rundir import hardware_stamp
 
     t = cfg.learner.unroll_length
@@ -305,6 +330,7 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
                      "env_steps_per_train_step": per_step, "row_forwards_per_sample": passes,
                      "forward_flops_per_obs": flops},
         "device": str(device), "torch_threads": cfg.learner.torch_threads,
+        "config": cfg.to_dict(),  # the workload calibrated: what plan --validate matches sweep points against
         "env_step_us": env, "actor_loop_us": loop, "smt": smt, "inference_ms": inference, "train_step_ms": training,
         "pipe_round_trip_us": pipe_round_trip_us(500 if quick else 2000),
         "copy_ns_per_byte": copy_ns_per_byte(obs_bytes * k * 64),

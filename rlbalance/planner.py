@@ -14,7 +14,11 @@ Per env step, in microseconds:
   there is one, else a roofline estimate (model FLOPs over peak FP32 at a stated efficiency, plus a fixed
   per-call overhead), marked modeled;
 - where there is no GPU, the learner runs on host threads; actors and learner then share the machine
-  when actor threads + learner threads exceed its threads, and a step costs the sum of both.
+  when actor threads + learner threads exceed its threads, and a step costs the sum of both. There the
+  measured pipeline loop (a short training run on a free env at 1, N and 2N actor processes) gives the
+  round trips and each process's CPU per step; at other envs per actor K its terms move as the loop measured
+  them move at about K/4 and 4K (per step: linear in 1/K, per-step work plus per-request work shared by K
+  envs; the wait for a request: linear in K).
 
 FPS = frameskip x min(actor SPS, learner SPS); the smaller side is the verdict. Power: CPU idle at 30% of
 TDP plus the busy share of the rest, GPUs idle plus their utilization share of TDP less idle, plus a base.
@@ -233,12 +237,15 @@ def speed_for(cal: dict, m: Machine, gpu_cals: list[dict]) -> dict | None:
     return None
 
 
-def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict | None = None) -> dict:
+def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict | None = None,
+            envs_per_actor: int | None = None, env_groups: int | None = None) -> dict:
     """The modeled FPS, verdict and power of the workload on ``m`` with ``actor_threads`` actor threads (default:
-    all but what the learner takes), with ``extrapolated`` / ``extrapolation`` (the terms outside what the
-    calibration measured, and why) and ``fps_range`` [low, high] (see the module's note on coverage)."""
+    all but what the learner takes) of ``env_groups`` groups of ``envs_per_actor`` envs each (default: the
+    calibrated workload's), with ``extrapolated`` / ``extrapolation`` (the terms outside what the calibration
+    measured, and why) and ``fps_range`` [low, high] (see the module's note on coverage)."""
+    shape = (envs_per_actor, env_groups)
     lk = Lookups()
-    p = _predict(cal, m, actor_threads, speed, lk)
+    p = _predict(cal, m, actor_threads, speed, lk, *shape)
     why = dict(lk.outside)
     roofline = bool(m.gpus) and speed is None
     if roofline:
@@ -252,15 +259,47 @@ def predict(cal: dict, m: Machine, actor_threads: int | None = None, speed: dict
     for modes in itertools.product(("edge", "trend"), repeat=len(terms)):
         for eff in ((ROOFLINE_EFFICIENCY / 2, min(1.0, ROOFLINE_EFFICIENCY * 2)) if roofline else (None,)):
             alt = gpu_speed(cal, m.gpu, eff) if eff else speed
-            fps.append(_predict(cal, m, actor_threads, alt, Lookups(dict(zip(terms, modes))))["fps"])
+            fps.append(_predict(cal, m, actor_threads, alt, Lookups(dict(zip(terms, modes))), *shape)["fps"])
     p.update(extrapolated=bool(why), extrapolation=list(why.values()),
              fps_range=[min(fps) * (1 - VALIDATED_ERROR), max(fps) * (1 + VALIDATED_ERROR)])
     return p
 
 
-def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | None, lk: Lookups) -> dict:
+def _envs_shift(pipe: dict, k0: int, k: int, lk: Lookups) -> dict[str, float]:
+    """How the pipeline loop's terms change from the calibrated K0 envs per actor to ``k``, from the loop measured
+    at other K (at ``envs_actors`` actors): per env step, the actor's and the learner process's CPU and the
+    learner process's time (1 / sps) are per-step work plus per-request work shared by K envs, so they go
+    piecewise-linearly in 1/K through the measured points; the wait for one request's actions goes linearly in K.
+    Returns each term's change (to add to its value at any actor count); {} where nothing was measured."""
+    at_k0 = (pipe.get("points") or {}).get(str(pipe.get("envs_actors")))
+    extra = pipe.get("envs_points") or {}
+    if not at_k0 or not extra:
+        return {}
+    pts = {int(k0): {**at_k0, "free_env_step_us": pipe.get("free_env_step_us", 0.0)},
+           **{int(x): q for x, q in extra.items()}}
+    sub = Lookups(modes={"x": lk.modes.get("envs", "trend")})
+
+    def over(value, inverse: bool = True) -> float:  # value(point) at k less its value at k0
+        x_of = (lambda x: 1.0 / x) if inverse else float
+        table = {str(x_of(x)): value(q) for x, q in pts.items()}
+        return sub.table("x", table, x_of(k)) - table[str(x_of(k0))]
+
+    shift = {key: over(lambda q, key=key: q[key])
+             for key in ("actor_cpu_us_per_step", "learner_cpu_us_per_step", "free_env_step_us")}
+    shift["inv_sps"] = over(lambda q: 1e6 / q["sps"])
+    if all("request_wait_us" in q for q in pts.values()):
+        shift["request_wait_us"] = over(lambda q: q["request_wait_us"], inverse=False)
+    if sub.outside:
+        lk.outside["envs"] = f"envs per actor at {k:g}, the pipeline loop measured {min(pts):g}..{max(pts):g}"
+    return shift
+
+
+def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | None, lk: Lookups,
+             envs_per_actor: int | None = None, env_groups: int | None = None) -> dict:
     w = cal["workload"]
-    k, t, b = w["envs_per_actor"], w["unroll_length"], w["batch_size"]
+    k0, g0 = w["envs_per_actor"], max(int(w.get("env_groups", 1)), 1)
+    k, t, b = envs_per_actor or k0, w["unroll_length"], w["batch_size"]
+    g = max(int(env_groups or g0), 1)
     learner_threads = 0 if m.gpus else int(cal.get("torch_threads", 1))
     if actor_threads is None:
         actor_threads = m.threads - (1 if m.gpus else learner_threads)
@@ -280,7 +319,7 @@ def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | Non
     actor_cost_us = actor_threads * 1e6 / actor_sps  # thread-microseconds per step
     # one inference server per learner device, each batching its own share of the actors (learner.devices=N)
     devices = learner_devices(cal, m)
-    in_flight = max(k, min(512, actor_threads * k * max(w.get("env_groups", 1), 1) // (2 * devices)))
+    in_flight = max(k, min(512, actor_threads * k * g // (2 * devices)))
     inf_us = lk.table("inference", cal["inference_ms"], in_flight, per_call=True,
                       what="inference batch") * 1e3 / in_flight
     train_us = (lk.table("training", cal["train_step_ms"], b, per_call=True, what="training batch") * 1e3
@@ -299,14 +338,22 @@ def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | Non
             return all(key in q for q in pipe["points"].values())
 
         at = {key: loop(key) for key in ("group_cycle_us", "actor_cpu_us_per_step", "learner_cpu_us_per_step")}
+        free_us = pipe.get("free_env_step_us", 0.0)
+        shift = _envs_shift(pipe, k0, k, lk) if k != k0 else {}
+        if k != k0 and not shift:  # a calibration without the loop at other K: its terms held as measured at K0
+            lk.outside["envs"] = (f"envs per actor at {k:g}; this calibration's pipeline loop ran only {k0:g} "
+                                  "(calibrate again for the loop at other envs per actor)")
+        if g != g0:
+            lk.outside["groups"] = f"env groups at {g:g}, the pipeline loop ran {g0:g}"
+        for key in ("actor_cpu_us_per_step", "learner_cpu_us_per_step"):
+            at[key] = max(1e-3, at[key] + shift.get(key, 0.0))
         env_extra = max(0.0, lk.table("env", cal["env_step_us"], k, what="envs per actor")
-                        - pipe.get("free_env_step_us", 0.0))
-        g = max(int(w.get("env_groups", 1)), 1)
+                        - max(0.0, free_us + shift.get("free_env_step_us", 0.0)))
         if measured("request_wait_us"):
             # An actor's round over its g groups: each steps its K envs (the env's cost over the free env's, plus
             # the actor loop's CPU per step), then waits for its request's actions, L, less the time the other
             # groups' steps took meanwhile
-            wait = loop("request_wait_us")
+            wait = max(0.0, loop("request_wait_us") + shift.get("request_wait_us", 0.0))
             turn = k * (env_extra + at["actor_cpu_us_per_step"])
             cycle = g * turn + g * max(0.0, wait - (g - 1) * turn)
         else:  # a calibration from before the request wait was measured: the loop's cycle plus the env's cost
@@ -318,7 +365,7 @@ def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | Non
         if measured("sps"):
             # The learner process (learner and inference server threads under one GIL) saturates below the
             # machine's threads: the pipeline's own throughput with free actors is the learner side's ceiling.
-            learner_sps = min(learner_sps, loop("sps"))
+            learner_sps = min(learner_sps, 1e6 / max(1e6 / loop("sps") + shift.get("inv_sps", 0.0), 1e-3))
     sps = min(actor_sps, learner_sps)
     shared = not m.gpus and (actor_threads + learner_threads > m.threads or bool(pipe))
     cpu_bound = False
@@ -348,12 +395,13 @@ def _predict(cal: dict, m: Machine, actor_threads: int | None, speed: dict | Non
             "speed": speed, "source": "modeled"}
 
 
-def best_ratios(cal: dict, m: Machine, speed: dict | None = None) -> dict:
+def best_ratios(cal: dict, m: Machine, speed: dict | None = None, envs_per_actor: int | None = None) -> dict:
     """Throughput- and efficiency-optimal actor threads per accelerator on machine ``m`` (per accelerator the learner
-    uses: R2D2's one)."""
+    uses: R2D2's one), with ``envs_per_actor`` envs per group (default: the calibrated workload's)."""
     acc = learner_devices(cal, m)
     reserve = 1 if m.gpus else int(cal.get("torch_threads", 1))
-    rows = [predict(cal, m, r * acc, speed) for r in range(1, max(1, (m.threads - reserve) // acc) + 1)]
+    rows = [predict(cal, m, r * acc, speed, envs_per_actor=envs_per_actor)
+            for r in range(1, max(1, (m.threads - reserve) // acc) + 1)]
     best = max(p["fps"] for p in rows)
     knee = next(p for p in rows if p["fps"] >= (1 - KNEE_TOLERANCE) * best)
     eff = max(rows, key=lambda p: p["fps_per_watt"])
@@ -378,23 +426,77 @@ def _actor_processes(row: dict) -> int:
     return int(cfg["actors"]["num_actors"])
 
 
+# The config fields that make a workload what was calibrated: a sweep point that differs in one of them ran another
+# workload (actor counts, envs per actor and env groups are what the model carries over; run and telemetry settings
+# do not change the work).
+WORKLOAD_FIELDS = (("env", "id"), ("env", "backend"), ("env", "frameskip"), ("env", "synthetic_step_us"),
+                   ("env", "synthetic_cost"), ("env", "synthetic_obs_shape"), ("env", "synthetic_obs_dtype"),
+                   ("learner", "agent"), ("learner", "model"), ("learner", "hidden_sizes"), ("learner", "core"),
+                   ("learner", "core_size"), ("learner", "unroll_length"), ("learner", "batch_size"),
+                   ("learner", "epochs"), ("learner", "minibatches"), ("learner", "torso_precision"),
+                   ("learner", "devices"), ("learner", "torch_threads"), ("inference", "mode"),
+                   ("inference", "max_batch"), ("inference", "max_wait_ms"), ("r2d2", "batch_size"),
+                   ("r2d2", "sequence_length"), ("r2d2", "burn_in"), ("r2d2", "replay_ratio"))
+# R2D2's work per gradient step is set by r2d2.batch_size; its learner.batch_size only has to hold K unrolls
+_VTRACE_ONLY = {("learner", "batch_size"), ("learner", "epochs"), ("learner", "minibatches")}
+
+
+def workload_mismatch(cal: dict, row: dict) -> str | None:
+    """Why sweep point ``row`` did not run the calibrated workload (the first field that differs), or None. A
+    calibration from before it recorded its config is matched on the env id alone."""
+    cfg = row.get("config")
+    cfg = json.loads(cfg) if isinstance(cfg, str) else cfg or {}
+    ref = cal.get("config")
+    fields = WORKLOAD_FIELDS if ref else (("env", "id"),)
+    ref = ref or {"env": {"id": cal["workload"]["env"]}}
+    r2d2 = (ref.get("learner") or {}).get("agent") == "r2d2"
+    for section, name in fields:
+        want, got = (ref.get(section) or {}).get(name), (cfg.get(section) or {}).get(name)
+        if (section, name) == ("learner", "model") and "auto" in (want, got):
+            continue  # 'auto' resolves per env: the env id is compared
+        if r2d2 and (section, name) in _VTRACE_ONLY:
+            continue
+        if want is not None and got is not None and json.dumps(want) != json.dumps(got):
+            return f"{section}.{name} is {got!r}, the calibration's is {want!r}"
+    return None
+
+
 def validate(cal: dict, rows: list[dict]) -> dict:
     """Predicted against measured FPS for sweep points on the calibrated machine (a point run several times
-    counts with the median of its runs, and its spread is kept)."""
+    counts with the median of its runs, and its spread is kept), each with its own actor count, envs per actor
+    and env groups. Points of another workload (a sweep database may hold several) are left out and listed in
+    ``skipped``; if none is of the calibrated workload, a ConfigError says why."""
     from .sweep import combine_repeats
 
     m = this_machine(cal)
-    out = []
-    for r in combine_repeats(rows):
+    out, skipped = [], []
+    combined = combine_repeats(rows)
+    for r in combined:
+        why = workload_mismatch(cal, r)
+        if why:
+            skipped.append({"key": r["key"], "sweep": r.get("sweep"), "why": why})
+            continue
         if not r["fps"] or r["fps"] <= 0:  # a point with no measured FPS (too short a run) says nothing
             continue
-        p = predict(cal, m, _actor_processes(r))
+        acts = _row_actors(r)
+        p = predict(cal, m, _actor_processes(r), envs_per_actor=acts.get("envs_per_actor"),
+                    env_groups=acts.get("env_groups"))
         out.append({"key": r["key"], "point": r["point"], "measured_fps": r["fps"], "measured_fps_min": r["fps_min"],
                     "measured_fps_max": r["fps_max"], "runs": r["runs"], "predicted_fps": p["fps"],
                     "predicted_fps_range": p["fps_range"], "extrapolated": p["extrapolated"],
                     "in_range": p["fps_range"][0] <= r["fps"] <= p["fps_range"][1],
                     "error": abs(p["fps"] - r["fps"]) / r["fps"], "measured_verdict": r["verdict"],
                     "predicted_verdict": p["verdict"]})
+    if combined and len(skipped) == len(combined):
+        raise ConfigError(f"none of the {len(combined)} sweep points ran the calibrated workload "
+                          f"({cal['workload']['env']}); e.g. {skipped[0]['key']}: {skipped[0]['why']}. Validate "
+                          "against a sweep of the workload you calibrated (plan --validate DB --sweep NAME)")
     errs = [x["error"] for x in out]
     return {"points": out, "median_abs_error": statistics.median(errs) if errs else math.nan,
-            "worst_abs_error": max(errs) if errs else math.nan}
+            "worst_abs_error": max(errs) if errs else math.nan, "skipped": skipped}
+
+
+def _row_actors(row: dict) -> dict:
+    cfg = row.get("config")
+    cfg = json.loads(cfg) if isinstance(cfg, str) else cfg or {}
+    return cfg.get("actors") or {}

@@ -312,3 +312,98 @@ def test_unknown_system_is_named(tmp_path):
     cal = tmp_path / "c.json"
     cal.write_text(json.dumps({"format": "rlbalance-calibration-v1", **calibration()}))
     assert main(["plan", "--calibration", str(cal), "--systems", "dgx-z"]) == 2
+
+
+def _loop_point(k_cost: float) -> dict:
+    """A pipeline-loop point whose actor CPU per step is ``k_cost``; the learner side free, no wait."""
+    return {"group_cycle_us": 1.0, "actor_cpu_us_per_step": k_cost, "learner_cpu_us_per_step": 0.01, "sps": 1e9,
+            "request_wait_us": 0.0}
+
+
+def test_envs_per_actor_carry_over_through_the_loop_measured_at_other_counts():
+    """The actor's CPU per step measured by the pipeline loop at K = 5, 10, 20 envs per actor is 10 + 100 / K (per-step
+    work plus a per-request cost shared by K envs); the env costs 10 us a step at any K and one group waits for
+    nothing, so an actor makes 1e6 / (10 + 10 + 100 / K) steps/s. Between and past the measured K the term goes on
+    linearly in 1 / K, and past them the prediction says so and spans holding the edge value."""
+    cal = calibration()
+    cal["workload"].update(envs_per_actor=10, env_groups=1)
+    cal["env_step_us"] = {"1": 10.0, "64": 10.0}
+    cal["pipeline"] = {"points": {"1": _loop_point(20.0)}, "free_env_step_us": 0.0, "envs_actors": 1,
+                       "envs_points": {"5": {**_loop_point(30.0), "free_env_step_us": 0.0},
+                                       "20": {**_loop_point(15.0), "free_env_step_us": 0.0}}}
+    big = Machine("this machine", "x", 8, 8, 0, None, 80.0, 100.0)  # the calibrated one
+    for k in (5, 10, 20):
+        p = predict(cal, big, actor_threads=1, envs_per_actor=k)
+        assert p["sps"] == pytest.approx(1e6 / (20 + 100 / k), rel=1e-6)
+        assert not any("envs per actor" in why for why in p["extrapolation"])
+    p = predict(cal, big, actor_threads=1, envs_per_actor=8)  # 1/8 between 1/10 and 1/5: linear in 1/K
+    assert p["sps"] == pytest.approx(1e6 / (20 + 100 / 8), rel=1e-6)
+    p = predict(cal, big, actor_threads=1, envs_per_actor=40)
+    assert p["sps"] == pytest.approx(1e6 / (20 + 100 / 40), rel=1e-6)
+    assert "envs per actor at 40, the pipeline loop measured 5..20" in p["extrapolation"]
+    from rlbalance.planner import VALIDATED_ERROR
+
+    lo, hi = p["fps_range"]  # the edge (the term as at K=20) is the slower way on
+    assert lo == pytest.approx(1e6 / 25 * (1 - VALIDATED_ERROR), rel=1e-6) and hi > p["fps"]
+    # the shift applies at other actor counts too: a second actor with the same terms doubles it
+    cal["pipeline"]["points"]["2"] = _loop_point(20.0)
+    assert predict(cal, big, actor_threads=2, envs_per_actor=20)["sps"] == pytest.approx(2e6 / 25, rel=1e-6)
+
+
+def test_a_calibration_without_the_loop_at_other_counts_says_its_terms_are_held():
+    cal = calibration()
+    cal["workload"].update(envs_per_actor=10, env_groups=1)
+    cal["env_step_us"] = {"1": 10.0, "64": 10.0}
+    cal["pipeline"] = {"points": {"1": _loop_point(20.0)}, "free_env_step_us": 0.0}
+    big = Machine("big", "x", 64, 64, 0, None, 200.0, 100.0)
+    same = predict(cal, big, actor_threads=1)
+    other = predict(cal, big, actor_threads=1, envs_per_actor=20, env_groups=2)
+    assert other["sps"] == pytest.approx(same["sps"], rel=1e-6)  # one group's turn hides the other's zero wait
+    assert any("ran only 10" in why for why in other["extrapolation"])
+    assert "env groups at 2, the pipeline loop ran 1" in other["extrapolation"]
+
+
+def _row(key: str, env_id: str, fps: float, actors: int = 1, k: int = 10) -> dict:
+    import json
+
+    return {"key": key, "point_key": key, "sweep": "s", "point": {"actors.num_actors": actors}, "fps": fps,
+            "verdict": "actor-bound", "fps_per_watt": None, "actor_cores": actors,
+            "config": json.dumps({"env": {"id": env_id}, "actors": {"num_actors": actors, "envs_per_actor": k,
+                                                                    "env_groups": 1}})}
+
+
+def test_validation_predicts_each_point_with_its_own_envs_and_leaves_out_other_workloads():
+    from rlbalance.planner import validate
+
+    cal = calibration()
+    cal["workload"].update(envs_per_actor=10, env_groups=1)
+    cal["env_step_us"] = {"1": 10.0, "64": 10.0}
+    cal["pipeline"] = {"points": {"1": _loop_point(20.0)}, "free_env_step_us": 0.0, "envs_actors": 1,
+                       "envs_points": {"5": {**_loop_point(30.0), "free_env_step_us": 0.0},
+                                       "20": {**_loop_point(15.0), "free_env_step_us": 0.0}}}
+    v = validate(cal, [_row("a", "synthetic", 1e6 / 40, k=5), _row("b", "synthetic", 1e6 / 25, k=20),
+                       _row("c", "CartPole-v1", 1234.0)])
+    assert [p["key"] for p in v["points"]] == ["a", "b"] and v["worst_abs_error"] == pytest.approx(0.0, abs=1e-9)
+    assert v["skipped"] == [{"key": "c", "sweep": "s",
+                             "why": "env.id is 'CartPole-v1', the calibration's is 'synthetic'"}]
+    with pytest.raises(ConfigError, match="none of the 1 sweep points ran the calibrated workload"):
+        validate(cal, [_row("c", "CartPole-v1", 1234.0)])
+
+
+def test_calibration_runs_the_loop_at_envs_counts_the_batch_allows():
+    """About K/4 and 4K, among the divisors of learner.batch_size for V-trace (an actor buffer holds K unrolls)."""
+    from rlbalance import config as C
+    from rlbalance.calibrate import envs_counts
+
+    def counts(k, b, agent="vtrace"):
+        return envs_counts(C.build({"actors": {"envs_per_actor": k}, "learner": {"batch_size": b, "agent": agent},
+                                    "run": {"preset": "none"}}))
+
+    assert counts(8, 16) == [2, 16]
+    assert counts(16, 32) == [4, 32]
+    assert counts(1, 16) == [4]
+    assert counts(6, 6) == [1]
+    assert counts(8, 16, "r2d2") == [2, 16]
+    cfg = C.build({"actors": {"envs_per_actor": 8}, "learner": {"batch_size": 64}, "inference": {"max_batch": 16},
+                   "run": {"preset": "none"}})
+    assert envs_counts(cfg) == [2, 16]  # within inference.max_batch

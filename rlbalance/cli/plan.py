@@ -25,7 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-calibration", action="append", default=[], metavar="FILE",
                    help="a calibration of the same workload made on a GPU (rlbalance calibrate on that machine); "
                         "machines with that GPU model use its measured speed instead of the roofline estimate")
-    p.add_argument("--validate", metavar="SWEEP_DB", help="compare predictions with measured sweep points")
+    p.add_argument("--validate", metavar="SWEEP_DB", help="compare predictions with measured sweep points (those of "
+                   "the calibrated workload: points of other workloads in the database are left out and counted)")
+    p.add_argument("--sweep", default=None, help="with --validate: only this sweep's points (default: all)")
+    p.add_argument("--envs-per-actor", type=int, default=None, metavar="K",
+                   help="predict with K envs per actor group (default: the calibrated workload's; a K the "
+                        "calibration did not measure is flagged as extrapolated)")
     p.add_argument("--out", default=None, help="write plan.json (and plan.png) here")
 
 
@@ -50,16 +55,38 @@ def run(args: argparse.Namespace) -> int:
     from ..config import ConfigError
     from ..planner import best_ratios, load_catalog, predict, speed_for, validate
 
+    if args.sweep and not args.validate:
+        raise ConfigError("--sweep NAME picks the points of --validate SWEEP_DB: give --validate too")
+    if args.envs_per_actor is not None and args.validate:
+        raise ConfigError("--envs-per-actor applies to predictions; --validate takes each point's own envs per actor")
     cal = load(args.calibration)
+    k = args.envs_per_actor
+    if k is not None:
+        b = ((cal.get("config") or {}).get("learner") or {}).get("batch_size")
+        if k < 1 or (b and b % k):
+            raise ConfigError(f"--envs-per-actor {k}: must be >= 1" + (
+                f" and divide the calibrated learner.batch_size={b} (an actor buffer holds K unrolls; e.g. "
+                f"{', '.join(str(x) for x in range(1, b + 1) if b % x == 0)})" if b else " (e.g. 8)"))
     gpu_cals = [load(f) for f in args.gpu_calibration]
     if args.validate:
         from ..sweep import load_rows
 
-        v = validate(cal, load_rows(args.validate))
+        rows = load_rows(args.validate, args.sweep)
+        if not rows:
+            from ..sweep import sweep_names
+
+            raise ConfigError(f"--validate {args.validate}: no sweep points" + (
+                f" in sweep {args.sweep!r}; its sweeps: {sweep_names(args.validate)} (--sweep NAME)" if args.sweep
+                else "; run rlbalance sweep first"))
+        v = validate(cal, rows)
         for x in v["points"]:
             print(f"{json.dumps(x['point'])}: measured {x['measured_fps']:,.0f} FPS, predicted "
-                  f"{x['predicted_fps']:,.0f} (error {x['error']:.0%}); verdict {x['measured_verdict']} / "
-                  f"{x['predicted_verdict']}")
+                  f"{x['predicted_fps']:,.0f} (range {x['predicted_fps_range'][0]:,.0f}-"
+                  f"{x['predicted_fps_range'][1]:,.0f}{', extrapolated' if x['extrapolated'] else ''}; error "
+                  f"{x['error']:.0%}); verdict {x['measured_verdict']} / {x['predicted_verdict']}")
+        if v["skipped"]:
+            print(f"left out {len(v['skipped'])} point(s) of other workloads, e.g. {v['skipped'][0]['key']}: "
+                  f"{v['skipped'][0]['why']}")
         print(f"median absolute error {v['median_abs_error']:.1%}, worst {v['worst_abs_error']:.1%}")
         return 0
     catalog = load_catalog(args.catalog)
@@ -74,15 +101,17 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"rlbalance plan: {cal['workload']['env']} with {cal['workload']['model']} (all modeled)")
+    k = args.envs_per_actor or cal["workload"]["envs_per_actor"]
+    table = Table(title=f"rlbalance plan: {cal['workload']['env']} with {cal['workload']['model']}, {k} envs per "
+                        "actor group (all modeled)")
     for col in ("system", "FPS", "FPS range", "verdict", "FPS/W", "$ per 1e9 frames", "actor threads/GPU wanted",
                 "has"):
         table.add_column(col, justify="right")
     results = []
     for m in machines:
         speed = speed_for(cal, m, gpu_cals)
-        p = predict(cal, m, speed=speed)
-        r = best_ratios(cal, m, speed)
+        p = predict(cal, m, speed=speed, envs_per_actor=args.envs_per_actor)
+        r = best_ratios(cal, m, speed, envs_per_actor=args.envs_per_actor)
         results.append({"machine": m.name, "prediction": p, "ratios": {k: v for k, v in r.items() if k != "curve"},
                         "curve": [(c["actor_threads"], c["fps"], c["fps_per_watt"], *c["fps_range"])
                                   for c in r["curve"]]})
