@@ -94,8 +94,9 @@ def test_planner_bench_tiny_and_resumed(tmp_path, capsys):
     from rlbalance.bench.planner_validation import parse_workloads, run_validation
     from rlbalance.config import ConfigError
 
-    with pytest.raises(ConfigError, match="unknown planner workload.*'cartpol'"):
+    with pytest.raises(ConfigError, match="'cartpol' is neither a planner workload .* nor an env that can be made"):
         parse_workloads("cartpole,cartpol")
+    assert parse_workloads("cartpole,MountainCar-v0") == ["cartpole", "MountainCar-v0"]  # any env id
     r = run_validation(tmp_path, [1], seconds=4.0, workloads=["synthetic-20us"], quick=True)
     assert r["workloads"] == 1 and r["points"] == 1 and r["worst_abs_error"] >= 0
     doc = _strict(tmp_path / "planner" / "planner-validation.json")
@@ -111,6 +112,10 @@ def test_planner_bench_tiny_and_resumed(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "calibration kept" in out and "done before, skipped" in out
     assert again["median_abs_error"] == r["median_abs_error"]
+    # an env id as a workload (its family's preset); the report keeps the workload validated before in this folder
+    both = run_validation(tmp_path, [1], seconds=4.0, workloads=["synthetic"], quick=True)
+    assert both["workloads"] == 2 and (tmp_path / "planner" / "calibration-synthetic.json").is_file()
+    assert set(_strict(tmp_path / "planner" / "planner-validation.json")["workloads"]) == {"synthetic-20us", "synthetic"}
 
 
 def test_seeds_bench_tiny(tmp_path, capsys):

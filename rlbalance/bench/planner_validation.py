@@ -11,6 +11,7 @@ already out of sample."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from rlbalance import config as C
 from rlbalance.calibrate import load, run_calibration, save
 from rlbalance.planner import validate
 from rlbalance.rundir import dumps
-from rlbalance.sweep import parse_axes, run_sweep
+from rlbalance.sweep import load_rows, parse_axes, run_sweep, sweep_names
 
 # Shapes the planner must carry over to: cheap and expensive envs, vector and pixel observations, small and large
 # models, central and actor-side inference, discrete and continuous actions, the synthetic env at several costs.
@@ -31,16 +32,42 @@ WORKLOADS: dict[str, dict] = {
     "synthetic-20us": {"env": {"id": "synthetic", "synthetic_step_us": 20.0}},
     "synthetic-300us": {"env": {"id": "synthetic", "synthetic_step_us": 300.0}},
     "pong": {"env": {"id": "ALE/Pong-v5"}},  # pixels, the Nature CNN
+    # envs per actor swept instead of actors (2 actors): calibrated at the preset's K, predicted at others
+    "cartpole-envs": {"env": {"id": "CartPole-v1"}},
+    "acrobot-envs": {"env": {"id": "Acrobot-v1"}},
+    "pong-envs": {"env": {"id": "ALE/Pong-v5"}},
 }
+# the axis a workload is swept over, where it is not actors 1..N; a K must divide learner.batch_size (16; Pong 32)
+AXES: dict[str, str] = {"cartpole-envs": "actors.envs_per_actor=1,2,4,16",
+                        "acrobot-envs": "actors.envs_per_actor=1,2,4,16",
+                        "pong-envs": "actors.envs_per_actor=4,8,32"}
 DEFAULT_WORKLOADS = tuple(WORKLOADS)
 TARGET_MEDIAN, TARGET_WORST = 0.10, 0.25
 
 
+def workload(name: str) -> dict:
+    """A named workload's config overrides; any other name is an env id with its family's preset."""
+    return WORKLOADS.get(name, {"env": {"id": name}})
+
+
+def _slug(name: str) -> str:  # an env id as a file and run name (ALE/Pong-v5 -> ALE_Pong-v5)
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
 def parse_workloads(text: str) -> list[str]:
+    """The workloads named (default: all of WORKLOADS): a planner workload, or any env id (its family's preset),
+    which is made once here so that a wrong id is named before anything runs."""
+    from rlbalance.envs import probe_spec
+
     names = [w for w in text.split(",") if w] or list(DEFAULT_WORKLOADS)
-    unknown = [w for w in names if w not in WORKLOADS]
-    if unknown:
-        raise C.ConfigError(f"--workloads: unknown planner workload(s) {unknown}; choose from {sorted(WORKLOADS)}")
+    for w in names:
+        if w in WORKLOADS:
+            continue
+        try:
+            probe_spec(C.build(workload(w)).env)
+        except C.ConfigError as e:
+            raise C.ConfigError(f"--workloads: {w!r} is neither a planner workload ({', '.join(sorted(WORKLOADS))}) "
+                                f"nor an env that can be made: {e}") from None
     return names
 
 
@@ -51,22 +78,31 @@ def run_validation(out: Path, actors: list[int], seconds: float, workloads: list
     out = Path(out) / "planner"
     out.mkdir(parents=True, exist_ok=True)
     for w in workloads:  # every workload's config is checked before anything runs
-        C.build(WORKLOADS[w])
+        C.build(workload(w))
     results = {}
     for w in workloads:
-        cal_path = out / f"calibration-{w}.json"
+        cal_path = out / f"calibration-{_slug(w)}.json"
         if cal_path.is_file():
             cal = load(cal_path)
             print(f"[{w}] calibration kept from {cal_path}", flush=True)
         else:
-            cal = run_calibration(C.build(WORKLOADS[w]), quick=quick,
+            cal = run_calibration(C.build(workload(w)), quick=quick,
                                   progress=lambda s, w=w: print(f"[{w}] calibrate: {s}", flush=True))
             save(cal, cal_path)
-        base = C.merge(WORKLOADS[w], {"run": {"max_seconds": seconds}})
-        rows = run_sweep(f"validate-{w}", base, parse_axes([f"actors.num_actors={','.join(map(str, actors))}"]),
+        base = C.merge(workload(w), {"run": {"max_seconds": seconds}})
+        axis = AXES.get(w, f"actors.num_actors={','.join(map(str, actors))}")
+        rows = run_sweep(f"validate-{_slug(w)}", base, parse_axes([axis]),
                          10**12, out / "sweep.db", str(out / "runs"), repeats=repeats,
                          progress=lambda i, n, label, w=w: print(f"[{w}] sweep {i}/{n} {label}", flush=True))
         results[w] = validate(cal, rows)
+    # workloads validated in this folder before (a calibration and a sweep here): in the report as well
+    done = {_slug(w) for w in results}
+    for name in sweep_names(out / "sweep.db"):
+        slug = name.removeprefix("validate-")
+        if name.startswith("validate-") and slug not in done and (out / f"calibration-{slug}.json").is_file():
+            results[slug] = validate(load(out / f"calibration-{slug}.json"), load_rows(out / "sweep.db", name))
+    order = {w: i for i, w in enumerate(WORKLOADS)}
+    results = dict(sorted(results.items(), key=lambda kv: order.get(kv[0], len(order))))
     return write_report(out, results, {"actors": actors, "seconds_per_run": seconds, "repeats": repeats,
                                        "quick_calibration": quick})
 
@@ -94,7 +130,8 @@ def write_report(out: Path, results: dict, settings: dict | None = None) -> dict
     s = settings or {}
     lines = ["# Planner validation", "",
              "Each workload calibrated once on this machine (`rlbalance calibrate`), then predicted for sweep points "
-             "it was not fitted on (actors " + ",".join(map(str, s.get("actors", []))) + ", real training runs of "
+             "it was not fitted on (actors " + ",".join(map(str, s.get("actors", []))) + "; the *-envs workloads: "
+             "2 actors, envs per actor as in each point, against a calibration at the preset's; real training runs of "
              f"{s.get('seconds_per_run', '?')} s each, {s.get('repeats', 1)} per point; a point's FPS is the median "
              "of its runs). Predictions are modeled; FPS measured. No model constant is fitted across workloads, so "
              "every error is out of sample. The range is the planner's FPS range (see rlbalance/planner.py).", "",

@@ -43,12 +43,15 @@ WORKLOADS = {
     # R2D2 (learner.agent=r2d2, its preset over the family's) on the same envs, for the sweep of R2D2 against V-trace
     "cartpole-r2d2": {"learner": {"agent": "r2d2"}},
     "pong-r2d2": {"env": {"id": "ALE/Pong-v5"}, "learner": {"agent": "r2d2"}},
+    # the same with the torso under bfloat16 autocast (learner.torso_precision=bf16), as the R2D2 Pong run took it
+    "pong-r2d2-bf16": {"env": {"id": "ALE/Pong-v5"}, "learner": {"agent": "r2d2", "torso_precision": "bf16"}},
     # MuJoCo continuous control with the continuous preset (Gaussian policy, 10 APPO epochs per batch).
     "halfcheetah": {"env": {"id": "HalfCheetah-v5"}},
 }
 
 # End-to-end env steps per actor count where the default (500k) would take too long here.
-DEFAULT_STEPS = {"pong": 25_000, "pong-previous": 25_000, "pong-r2d2": 25_000, "halfcheetah": 60_000}
+DEFAULT_STEPS = {"pong": 25_000, "pong-previous": 25_000, "pong-r2d2": 25_000, "pong-r2d2-bf16": 25_000,
+                 "halfcheetah": 60_000}
 
 
 def workload_config(name: str, extra: dict | None = None) -> C.Config:

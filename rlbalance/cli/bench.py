@@ -31,8 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default="", help="trainer: comma-separated workloads (default cartpole,pong; "
                    "also synthetic, halfcheetah; cartpole-previous and pong-previous: the settings before each preset, "
                    "to measure what the preset costs in the same run; cartpole-r2d2 and pong-r2d2: the same envs "
-                   "with learner.agent=r2d2); planner: the workloads to validate on (default all: cartpole, acrobot, "
-                   "acrobot-actor-inference, cartpole-large-model, pendulum, synthetic-20us, synthetic-300us, pong)")
+                   "with learner.agent=r2d2; pong-r2d2-bf16: with its torso under bfloat16); planner: the workloads "
+                   "to validate on (default all: cartpole, acrobot, acrobot-actor-inference, cartpole-large-model, "
+                   "pendulum, synthetic-20us, synthetic-300us, pong, and cartpole-envs, acrobot-envs, pong-envs: "
+                   "envs per actor swept at 2 actors; or any env id, e.g. MountainCar-v0, with its family's preset)")
     p.add_argument("--actors", default="", help="trainer: actor counts, e.g. 1,2,3 (default 1..2x usable CPUs)")
     p.add_argument("--steps", type=int, default=0, help="mujoco-curve: env steps (default 1M); trainer: env steps per end-to-end run "
                    "(default 500k CartPole, 25k Pong, 60k HalfCheetah); seeds: env steps per run (default 500k)")
