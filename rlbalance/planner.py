@@ -51,10 +51,11 @@ GPU_TRAIN_OVERHEAD_MS = 1.5  # per update: forward, backward, optimizer kernels 
 CPU_IDLE_FRACTION = 0.3
 KNEE_TOLERANCE = 0.05
 # The band every prediction carries even where it stays within the calibration: the 90th percentile of the absolute
-# FPS errors of the planner's validation on held-out sweep points (bench/results/planner/planner-validation.md: 32
-# points over 8 workloads, 2 cores, 2026-12-05; the worst was 42%, a cheap env at 1 actor). Measured; rlbalance
-# bench planner re-measures it (its p90_abs_error).
-VALIDATED_ERROR = 0.17
+# FPS errors of the planner's validation on held-out sweep points (bench/results/planner/planner-validation.md: 43
+# points over 11 workloads, 2 cores, 2026-12-05: 12.0%; 15.3% with the first calibration of cartpole-large-model,
+# whose pipeline loop ran 15% slow and which was made again: the band takes the wider, since a user calibrates
+# once). Measured; rlbalance bench planner re-measures it (its p90_abs_error).
+VALIDATED_ERROR = 0.15
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,8 @@ AGENT_FAMILY_PRESETS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
 AGENT_FAMILY_PRESETS[("r2d2", "toy")] = AGENT_FAMILY_PRESETS[("r2d2", "classic")]  # (CartPoleNoVelocity, Catch)
 # Atari on a few CPU cores. The paper's sequences (80 after a burn-in of 40, batch 64) cost 12-15 s per update on
 # the 2-CPU development machine: ~1k updates in 10M frames. Sequences of 20 after a burn-in of 10 (the replay period
-# one 10-step unroll), 16 per batch, at replay ratio 2, cost 0.23-0.31 s per update and give ~31k updates in 10M
+# one 10-step unroll), 16 per batch, at replay ratio 2, cost 0.21-0.30 s per update (bf16 torso / float32:
+# bench/results/r2d2-precision/) and give ~31k updates in 10M
 # frames (the run: 20.9k at 6.75M); Adam at 2.5e-4 with eps 1e-5 (the run's gradient norm was 0.02-0.04 over ~3M
 # weights, so the paper's 1e-3 would dwarf Adam's second-moment root and shrink every step), the target net
 # copied every 200 updates. The replay holds 10,000 such sequences (31 stacked 84x84x4 frames each: 8.7 GB; the

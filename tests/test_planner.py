@@ -320,17 +320,23 @@ def _loop_point(k_cost: float) -> dict:
             "request_wait_us": 0.0}
 
 
-def test_envs_per_actor_carry_over_through_the_loop_measured_at_other_counts():
-    """The actor's CPU per step measured by the pipeline loop at K = 5, 10, 20 envs per actor is 10 + 100 / K (per-step
-    work plus a per-request cost shared by K envs); the env costs 10 us a step at any K and one group waits for
-    nothing, so an actor makes 1e6 / (10 + 10 + 100 / K) steps/s. Between and past the measured K the term goes on
-    linearly in 1 / K, and past them the prediction says so and spans holding the edge value."""
+def _k_calibration() -> dict:
+    """K0 = 10 envs in one group; the loop measured at K = 5, 10, 20 (1 actor): actor CPU per step 10 + 100 / K."""
     cal = calibration()
     cal["workload"].update(envs_per_actor=10, env_groups=1)
     cal["env_step_us"] = {"1": 10.0, "64": 10.0}
     cal["pipeline"] = {"points": {"1": _loop_point(20.0)}, "free_env_step_us": 0.0, "envs_actors": 1,
                        "envs_points": {"5": {**_loop_point(30.0), "free_env_step_us": 0.0},
                                        "20": {**_loop_point(15.0), "free_env_step_us": 0.0}}}
+    return cal
+
+
+def test_envs_per_actor_carry_over_through_the_loop_measured_at_other_counts():
+    """The actor's CPU per step measured by the pipeline loop at K = 5, 10, 20 envs per actor is 10 + 100 / K (per-step
+    work plus a per-request cost shared by K envs); the env costs 10 us a step at any K and one group waits for
+    nothing, so an actor makes 1e6 / (10 + 10 + 100 / K) steps/s. Between and past the measured K the term goes on
+    linearly in 1 / K, and past them the prediction says so and spans holding the edge value."""
+    cal = _k_calibration()
     big = Machine("this machine", "x", 8, 8, 0, None, 80.0, 100.0)  # the calibrated one
     for k in (5, 10, 20):
         p = predict(cal, big, actor_threads=1, envs_per_actor=k)
@@ -375,12 +381,7 @@ def _row(key: str, env_id: str, fps: float, actors: int = 1, k: int = 10) -> dic
 def test_validation_predicts_each_point_with_its_own_envs_and_leaves_out_other_workloads():
     from rlbalance.planner import validate
 
-    cal = calibration()
-    cal["workload"].update(envs_per_actor=10, env_groups=1)
-    cal["env_step_us"] = {"1": 10.0, "64": 10.0}
-    cal["pipeline"] = {"points": {"1": _loop_point(20.0)}, "free_env_step_us": 0.0, "envs_actors": 1,
-                       "envs_points": {"5": {**_loop_point(30.0), "free_env_step_us": 0.0},
-                                       "20": {**_loop_point(15.0), "free_env_step_us": 0.0}}}
+    cal = _k_calibration()
     v = validate(cal, [_row("a", "synthetic", 1e6 / 40, k=5), _row("b", "synthetic", 1e6 / 25, k=20),
                        _row("c", "CartPole-v1", 1234.0)])
     assert [p["key"] for p in v["points"]] == ["a", "b"] and v["worst_abs_error"] == pytest.approx(0.0, abs=1e-9)
