@@ -178,6 +178,8 @@ def make_single(cfg: EnvConfig, seed: int, render_mode: str | None = None) -> gy
                 raise
             raise ConfigError(f"env.kwargs={cfg.kwargs}: gymnasium.make({cfg.id!r}) does not take them ({e}); "
                               "give only the env's own keyword arguments") from None
+        except gym.error.DependencyNotInstalled as e:  # e.g. Box2D for LunarLander, MuJoCo for HalfCheetah
+            raise ConfigError(f"env.id={cfg.id!r} needs a package that is not installed: {e}") from None
         env = _flat_observations(env, cfg.id)
     env.action_space.seed(seed)
     return env

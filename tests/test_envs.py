@@ -71,6 +71,22 @@ def test_unknown_env_id_is_a_clear_error():
         EnvBatch(C.EnvConfig(id="NoSuchEnv-v0"), 1, 0)
 
 
+def _needs_a_missing_package(**kwargs):
+    import gymnasium as gym
+
+    raise gym.error.DependencyNotInstalled("Box2D is not installed, you can install it by ...")
+
+
+def test_an_env_whose_package_is_missing_is_a_clear_error():
+    import gymnasium as gym
+
+    if "rlbalance-test/NeedsBox2D-v0" not in gym.registry:
+        gym.register("rlbalance-test/NeedsBox2D-v0", entry_point=_needs_a_missing_package)
+    with pytest.raises(C.ConfigError, match="env.id='rlbalance-test/NeedsBox2D-v0' needs a package that is not "
+                                            "installed: Box2D is not installed"):
+        probe_spec(C.EnvConfig(id="rlbalance-test/NeedsBox2D-v0"))
+
+
 def test_time_limit_is_a_truncation_with_the_final_observation():
     envs = EnvBatch(C.EnvConfig(id="CartPole-v1", max_episode_steps=5), 2, seed=0)
     envs.reset()
