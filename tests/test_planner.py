@@ -408,3 +408,22 @@ def test_calibration_runs_the_loop_at_envs_counts_the_batch_allows():
     cfg = C.build({"actors": {"envs_per_actor": 8}, "learner": {"batch_size": 64}, "inference": {"max_batch": 16},
                    "run": {"preset": "none"}})
     assert envs_counts(cfg) == [2, 16]  # within inference.max_batch
+
+
+def test_plan_takes_another_envs_per_actor_and_refuses_options_that_do_not_fit(tmp_path, capsys):
+    import json
+
+    from rlbalance.cli import main
+
+    cal = _k_calibration()
+    cal["config"] = {"learner": {"batch_size": 20}, "env": {"id": "synthetic"}}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"format": "rlbalance-calibration-v1", **cal}))
+    assert main(["plan", "--calibration", str(path), "--systems", "dgx-a100", "--envs-per-actor", "20",
+                 "--out", str(tmp_path / "plan")]) == 0
+    assert "20 envs per actor group" in capsys.readouterr().out
+    assert json.loads((tmp_path / "plan" / "plan.json").read_text())[0]["prediction"]["fps"] > 0
+    assert main(["plan", "--calibration", str(path), "--envs-per-actor", "3"]) == 2  # 3 does not divide 20
+    assert "must be >= 1 and divide the calibrated learner.batch_size=20" in capsys.readouterr().err
+    assert main(["plan", "--calibration", str(path), "--sweep", "s"]) == 2
+    assert "give --validate too" in capsys.readouterr().err
