@@ -259,7 +259,8 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     device = resolve_device(cfg.learner.device)
     torch.set_num_threads(cfg.learner.torch_threads)
     # env and actor-loop costs at 1, 8 (32 for cheap envs), the workload's K and the K the loop is also run at
-    ks = [1, 8] if quick else sorted({1, 8, cfg.actors.envs_per_actor, *envs_counts(cfg)}
+    other_ks = envs_counts(cfg)
+    ks = [1, 8] if quick else sorted({1, 8, cfg.actors.envs_per_actor, *other_ks}
                                      | (set() if cfg.env.is_atari else {32}))
     progress("env step cost per core ...")
     env = {str(k): env_step_us(cfg, k) for k in ks}
@@ -303,10 +304,10 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
                 "free_env_step_us": env_step_us(replace(cfg, env=free), k),
                 "source": "measured: synthetic env at 0 us per step, the workload's shapes"}
     if not quick:  # the loop at other envs per actor, at ncpu actors: what the terms do as K changes
-        progress(f"pipeline loop at other envs per actor {envs_counts(cfg)} ...")
+        progress(f"pipeline loop at other envs per actor {other_ks} ...")
         pipeline["envs_actors"] = ncpu
         pipeline["envs_points"] = {}
-        for kk in envs_counts(cfg):
+        for kk in other_ks:
             c2 = replace(cfg, actors=C.fit_buffers(replace(cfg.actors, envs_per_actor=kk), cfg.learner))
             pipeline["envs_points"][str(kk)] = {**pipeline_loop(c2, spec, 12.0, ncpu),
                                                 "free_env_step_us": env_step_us(replace(c2, env=free), kk)}

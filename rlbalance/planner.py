@@ -420,8 +420,7 @@ def this_machine(cal: dict) -> Machine:
 def _actor_processes(row: dict) -> int:
     """A local sweep run's actor processes (which the CPU pipeline loop is measured against, more than the cores
     included); the actor cores of the row where its config does not say (a Ray run: the CPUs it reserved)."""
-    cfg = row.get("config")
-    cfg = json.loads(cfg) if isinstance(cfg, str) else cfg or {}
+    cfg = _row_config(row)
     if (cfg.get("ray") or {}).get("address") or not cfg.get("actors"):
         return int(row["actor_cores"])
     return int(cfg["actors"]["num_actors"])
@@ -445,8 +444,7 @@ _VTRACE_ONLY = {("learner", "batch_size"), ("learner", "epochs"), ("learner", "m
 def workload_mismatch(cal: dict, row: dict) -> str | None:
     """Why sweep point ``row`` did not run the calibrated workload (the first field that differs), or None. A
     calibration from before it recorded its config is matched on the env id alone."""
-    cfg = row.get("config")
-    cfg = json.loads(cfg) if isinstance(cfg, str) else cfg or {}
+    cfg = _row_config(row)
     ref = cal.get("config")
     fields = WORKLOAD_FIELDS if ref else (("env", "id"),)
     ref = ref or {"env": {"id": cal["workload"]["env"]}}
@@ -497,7 +495,11 @@ def validate(cal: dict, rows: list[dict]) -> dict:
             "worst_abs_error": max(errs) if errs else math.nan, "skipped": skipped}
 
 
-def _row_actors(row: dict) -> dict:
+def _row_config(row: dict) -> dict:
+    """A sweep row's whole config (stored as JSON text in the database)."""
     cfg = row.get("config")
-    cfg = json.loads(cfg) if isinstance(cfg, str) else cfg or {}
-    return cfg.get("actors") or {}
+    return json.loads(cfg) if isinstance(cfg, str) else cfg or {}
+
+
+def _row_actors(row: dict) -> dict:
+    return _row_config(row).get("actors") or {}
