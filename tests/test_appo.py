@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 from rlbalance import config as C
-from rlbalance.envs import EnvSpec
-from rlbalance.learner import Learner
-from rlbalance.model import build_model
+from rlbalance.agents.registry import build_model
+from rlbalance.agents.vtrace.learner import Learner
+from rlbalance.envs.batch import EnvSpec
 
 
 def _batch(t=5, n=8, seed=1, on_policy_model=None):

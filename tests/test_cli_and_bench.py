@@ -1,9 +1,9 @@
 """CLI entry points and the benchmark on tiny budgets (smoke tests: they run the real code)."""
 
 import json
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,7 +92,7 @@ def test_sweep_bench_tiny(tmp_path):
 
 def test_planner_bench_tiny_and_resumed(tmp_path, capsys):
     from rlbalance.bench.planner_validation import parse_workloads, run_validation
-    from rlbalance.config import ConfigError
+    from rlbalance.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="'cartpol' is neither a planner workload .* nor an env that can be made"):
         parse_workloads("cartpole,cartpol")
@@ -153,7 +153,7 @@ def test_pong_curve_files_from_a_run(cfg_factory, tmp_path):
     run directory that rlbalance eval plays (a short synthetic run stands in for Pong)."""
     from rlbalance.bench.pong_curve import write_curve
     from rlbalance.cli import main as cli_main
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 50.0, "synthetic_episode_len": 20},
                           run={"total_steps": 30_000, "name": "curve"}, telemetry={"tensorboard": False,
@@ -216,8 +216,8 @@ def test_help_shows_one_default_typed_values_and_examples_as_written(capsys):
 
 
 def test_dashes_and_underscores_both_work_in_field_names():
-    from rlbalance.cli.options import cli_overrides, normalize_option
     from rlbalance import config as C
+    from rlbalance.cli.options import cli_overrides, normalize_option
 
     assert normalize_option("--run.total-steps") == "--run.total_steps"
     assert normalize_option("--run.name=my-run") == "--run.name=my-run"  # a value keeps its dashes

@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlbalance import config as C
 from rlbalance.cli import main
@@ -96,7 +97,7 @@ def test_loader_either_builds_or_names_the_field(section, value):
 
 
 def test_presets_sit_between_defaults_and_file_and_command_line(tmp_path):
-    from rlbalance.presets import PRESETS
+    from rlbalance.config.presets import PRESETS
 
     atari = PRESETS["atari"]["learner"]
     cfg = C.build({"env": {"id": "ALE/Pong-v5"}})

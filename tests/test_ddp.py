@@ -9,9 +9,9 @@ import torch
 import torch.multiprocessing as mp
 
 from rlbalance import config as C
-from rlbalance.envs import EnvSpec
-from rlbalance.learner import Learner
-from rlbalance.model import build_model
+from rlbalance.agents.registry import build_model
+from rlbalance.agents.vtrace.learner import Learner
+from rlbalance.envs.batch import EnvSpec
 
 T, N = 5, 8
 CFG = dict(batch_size=N, normalize_advantages=False, normalize_observations=True, max_grad_norm=0.5,
@@ -36,7 +36,7 @@ def _model(seed: int):
 
 
 def _rank(rank: int, world: int, port: int, updates: int, out: dict) -> None:
-    from rlbalance import distributed
+    from rlbalance.core import distributed
 
     torch.set_num_threads(1)
     distributed.init(rank, world, torch.device("cpu"), port=port, timeout_s=60)
@@ -54,7 +54,7 @@ def _rank(rank: int, world: int, port: int, updates: int, out: dict) -> None:
 
 
 def test_two_gloo_ranks_make_the_one_learner_update():
-    from rlbalance.distributed import free_port
+    from rlbalance.core.distributed import free_port
 
     updates = 2  # twice: both ranks must start the second update from the same new weights
     one = Learner(copy.deepcopy(_model(seed=0)), C.LearnerConfig(**CFG), torch.device("cpu"), total_steps=10**6)
@@ -96,7 +96,7 @@ def test_cartpole_learns_with_two_gloo_learner_ranks(cfg_factory):
     """learner.devices=2 on CPU: two learner processes (gloo), one actor each, to the bar one learner meets
     (tests/test_learning.py: a last-100 mean >= 400 within 500k steps); the summary has both ranks' figures."""
     from rlbalance.bench.seeds import learning_curve
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     s = train(cfg_factory(learner={"devices": 2}, actors={"num_actors": 2},
                           run={"total_steps": 500_000, "name": "ddp2"}, telemetry={"tensorboard": False}))
@@ -129,7 +129,7 @@ def test_a_killed_learner_rank_stops_the_run_cleanly_and_it_resumes(tmp_path):
     import psutil
 
     from rlbalance.bench.chaos import _Tree
-    from rlbalance.rundir import RunDir
+    from rlbalance.runtime.rundir import RunDir
 
     cmd = [sys.executable, "-m", "rlbalance", "train", "--env.id", "synthetic", "--env.synthetic_step_us", "20",
            "--learner.devices", "2", "--actors.num_actors", "2", "--actors.heartbeat_timeout_s", "20",
@@ -177,7 +177,7 @@ def test_a_killed_learner_rank_stops_the_run_cleanly_and_it_resumes(tmp_path):
     run = RunDir(tmp_path / "rank")
     state = run.load_checkpoint()
     assert summary["last_good_checkpoint"] == str(run.latest_checkpoint()) and state["steps"] > 0
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     resumed = train(C.build(C.merge(run.read_config().to_dict(), {"run": {"total_steps": state["steps"] + 5_000}})),
                     resume=run.path)
@@ -188,8 +188,8 @@ def test_a_killed_learner_rank_stops_the_run_cleanly_and_it_resumes(tmp_path):
 def test_sweep_over_learner_ranks_records_each_rank_and_halves_r(tmp_path):
     """A sweep of learner.devices=1,2 (ddp) with 2 actors: R = actor cores per learner device halves, and the
     2-rank point keeps each rank's stage shares and inference batch."""
-    from rlbalance.ratio import analyse
-    from rlbalance.sweep import parse_axes, run_sweep
+    from rlbalance.analysis.ratio import analyse
+    from rlbalance.analysis.sweep import parse_axes, run_sweep
 
     base = {"env": {"id": "synthetic", "synthetic_step_us": 20.0}, "actors": {"num_actors": 2},
             "telemetry": {"warmup_s": 0.5, "hardware_interval_s": 0.5}}
@@ -226,7 +226,7 @@ def test_torchrun_launches_the_learner_ranks(tmp_path):
 
 
 def test_a_straggling_rank_is_named():
-    from rlbalance.session import straggling_rank
+    from rlbalance.runtime.session import straggling_rank
 
     def rank(wait):
         return {"stage_shares": {"learner": {"wait_data": wait}}}
@@ -241,9 +241,9 @@ def test_a_non_finite_loss_on_any_rank_stops_every_rank(cfg_factory):
     (none left waiting in a collective), with the NaN error, and no new checkpoint over the last good one."""
     import psutil
 
-    from rlbalance.learner import NonFiniteLossError
-    from rlbalance.rundir import RunDir
-    from rlbalance.train import train
+    from rlbalance.core.errors import NonFiniteLossError
+    from rlbalance.runtime.rundir import RunDir
+    from rlbalance.runtime.train import train
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     cfg = cfg_factory(env={"id": "synthetic", "synthetic_step_us": 20.0, "synthetic_fault": "nan:600"},

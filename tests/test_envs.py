@@ -1,10 +1,11 @@
 import json
+
+import custom_envs  # noqa: E402  (tests/ is on sys.path; the module registers the test envs)
 import numpy as np
 import pytest
-import custom_envs  # noqa: E402  (tests/ is on sys.path; the module registers the test envs)
 
 from rlbalance import config as C
-from rlbalance.envs import EnvBatch, probe_spec
+from rlbalance.envs.batch import EnvBatch, probe_spec
 
 
 def test_cartpole_batch_same_step_autoreset():
@@ -129,15 +130,23 @@ def test_envpool_backend_same_step_autoreset():
 def test_pong_unrolls_line_up(backend):
     """What the learner sees on Pong: in each unroll, the frame stack moves on by exactly one frame per step
     (no episode ends this early), and the next unroll starts where the last one stopped."""
-    from rlbalance.actor import DirectPolicy, Rollout
-    from rlbalance.buffers import RolloutBuffers
-    from rlbalance.envs import EnvBatch
+    from rlbalance.envs.batch import EnvBatch
+    from rlbalance.runtime.actor import Rollout
+    from rlbalance.runtime.buffers import RolloutBuffers
 
     cfg = C.build({"env": {"id": "ALE/Pong-v5", "backend": backend}})
     envs = EnvBatch(cfg.env, 2, 0)
     rng = np.random.default_rng(0)
-    rollout = Rollout(envs, DirectPolicy(lambda o: (rng.integers(0, 6, len(o)), np.zeros((len(o), 6), np.float32)),
-                                         lambda: 0))
+    class RandomPolicy:  # (the Policy protocol: random actions at once)
+        core_in = None
+
+        def request(self, obs, first):
+            self.answer = (rng.integers(0, 6, len(obs)), np.zeros((len(obs), 6), np.float32), 0)
+
+        def receive(self):
+            return self.answer
+
+    rollout = Rollout(envs, RandomPolicy())
     bufs = RolloutBuffers.allocate(2, 30, 2, envs.spec, shared=False)
     for j in range(2):
         rollout.fill(bufs.view(j))
@@ -171,7 +180,7 @@ def test_env_imports_and_flattened_spaces(tmp_path):
     """env.imports registers a plain id; Tuple observations (Blackjack) are flattened to one float vector;
     a space with no numeric form is refused before anything starts, naming it."""
     from rlbalance.cli import main
-    from rlbalance.envs import probe_spec
+    from rlbalance.envs.batch import probe_spec
 
     spec = probe_spec(C.build({"env": {"id": "Corridor-v0", "imports": ["custom_envs"]}}).env)
     assert spec.obs_shape == (5,) and spec.obs_dtype == np.float32 and spec.num_actions == 2
@@ -193,7 +202,7 @@ def test_env_kwargs_reach_gymnasium_make(tmp_path):
     """env.kwargs (a JSON object on the command line, a table in a file) is passed to gymnasium.make; keyword
     arguments the env does not take are refused before anything starts, naming the field."""
     from rlbalance.cli import main
-    from rlbalance.envs import probe_spec
+    from rlbalance.envs.batch import probe_spec
 
     cfg = C.build({"env": {"id": "custom_envs:Corridor-v0", "kwargs": '{"length": 8}'}})
     assert probe_spec(cfg.env).obs_shape == (8,)
@@ -209,8 +218,8 @@ def test_env_class_or_function_as_env_id(tmp_path):
     """From Python, env.id may be an env class or an env-creating function (named by module and name, so actor
     processes can import it); from the CLI 'module:Name' does the same for an unregistered class. Lambdas,
     local functions and the running script's own definitions are refused with the reason."""
-    from rlbalance.envs import probe_spec
-    from rlbalance.train import train
+    from rlbalance.envs.batch import probe_spec
+    from rlbalance.runtime.train import train
 
     cfg = C.build({"env": {"id": custom_envs.Target}, "run": {"total_steps": 2_000, "out_dir": str(tmp_path)},
                    "telemetry": {"progress": False, "tensorboard": False, "report": False}})

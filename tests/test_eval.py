@@ -5,8 +5,8 @@ import os
 import re
 
 from rlbalance.cli import main
-from rlbalance.evaluate import evaluate
-from rlbalance.train import train
+from rlbalance.runtime.evaluate import evaluate
+from rlbalance.runtime.train import train
 
 
 def test_eval_trained_policy_beats_random_and_is_reproducible(cfg_factory, capsys):

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from rlbalance import config as C
-from rlbalance.actor_pool import ActorFailure
-from rlbalance.learner import NonFiniteLossError
-from rlbalance.rundir import RunDir
-from rlbalance.train import train
+from rlbalance.core.errors import NonFiniteLossError
+from rlbalance.runtime.actor_pool import ActorFailure
+from rlbalance.runtime.rundir import RunDir
+from rlbalance.runtime.train import train
 
 SYN = {"id": "synthetic", "synthetic_step_us": 20.0}
 # Short enough for a quick test, long enough that a healthy actor on a loaded 2-core machine is not
@@ -175,7 +175,7 @@ def test_actors_killed_at_random_moments_never_hang_the_run(cfg_factory, monkeyp
     for t in threads:
         t.start()
 
-    from rlbalance.session import Session
+    from rlbalance.runtime.session import Session
 
     def done_after_kills(self):  # train until every kill has happened and every actor is back
         pool = self.actor_pool
@@ -278,8 +278,8 @@ def test_checkpoint_of_another_env_with_the_same_shapes_is_refused(cfg_factory):
 def test_disk_full_is_a_clear_error_and_the_run_resumes_once_there_is_space(cfg_factory, monkeypatch):
     import errno
 
-    from rlbalance import rundir
-    from rlbalance.rundir import DiskWriteError
+    from rlbalance.core.errors import DiskWriteError
+    from rlbalance.runtime import rundir
 
     cfg = cfg_factory(run={"total_steps": 10**8, "name": "full", "checkpoint_interval_s": 0.5},
                       telemetry={"tensorboard": False})
@@ -326,8 +326,8 @@ def test_exit_codes_are_distinct(tmp_path):
 def test_restarted_actor_that_never_steps_is_restarted_again(cfg_factory, monkeypatch):
     """An actor restarted after a fault and then stopped (SIGSTOP) before its first step is restarted once
     its start-up time is over, instead of being waited on forever."""
-    from rlbalance import actor_pool
-    from rlbalance.session import Session
+    from rlbalance.runtime import actor_pool
+    from rlbalance.runtime.session import Session
 
     monkeypatch.setattr(actor_pool, "START_TIMEOUT_S", 15.0)  # the default 60 s would make the test long
     stopped: list[int] = []
@@ -363,7 +363,7 @@ def test_restarted_actor_that_never_steps_is_restarted_again(cfg_factory, monkey
 def test_run_end_kills_an_actor_that_ignores_sigterm(cfg_factory, monkeypatch):
     """An actor stopped (SIGSTOP) when the run ends cannot act on SIGTERM: the learner kills it rather than
     leave it behind (or hang in multiprocessing's exit-time join)."""
-    from rlbalance.session import Session
+    from rlbalance.runtime.session import Session
 
     stopped: list[int] = []
     original_done = Session.done

@@ -8,10 +8,10 @@ import psutil
 import torch
 
 from rlbalance import config as C
-from rlbalance.buffers import StepSlots
-from rlbalance.envs import EnvSpec
-from rlbalance.inference import InferenceServer
-from rlbalance.model import build_model
+from rlbalance.agents.registry import build_model
+from rlbalance.envs.batch import EnvSpec
+from rlbalance.runtime.buffers import StepSlots
+from rlbalance.runtime.inference import InferenceServer
 
 
 def test_the_server_thread_starts_no_thread_pool_of_its_own():

@@ -8,8 +8,8 @@ def test_serial_runs_have_learner_ranks_too_and_the_sweep_divides_r_by_them(tmp_
     """A sweep of learner.devices=1,2 in serial mode: the 2-device point runs two learner processes (gloo), each
     with its own envs, records both ranks' figures, and R divides by the devices."""
     from rlbalance import config as C
-    from rlbalance.ratio import analyse
-    from rlbalance.sweep import parse_axes, run_sweep
+    from rlbalance.analysis.ratio import analyse
+    from rlbalance.analysis.sweep import parse_axes, run_sweep
 
     base = {"env": {"id": "synthetic", "synthetic_step_us": 20.0}, "run": {"mode": "serial"},
             "telemetry": {"warmup_s": 0.5, "hardware_interval_s": 0.5}}

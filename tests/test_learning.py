@@ -13,7 +13,7 @@ import statistics
 import pytest
 
 from rlbalance.bench.seeds import learning_curve
-from rlbalance.train import train
+from rlbalance.runtime.train import train
 
 BUDGET = 500_000
 

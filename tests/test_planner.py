@@ -2,9 +2,9 @@
 
 import pytest
 
-from rlbalance.config import ConfigError
-from rlbalance.planner import (GpuSpec, Machine, best_ratios, interp, load_catalog, parse_catalog, predict,
-                               speed_for)
+from rlbalance.analysis.catalog import GpuSpec, Machine, load_catalog, parse_catalog
+from rlbalance.analysis.planner import best_ratios, interp, predict, speed_for
+from rlbalance.core.errors import ConfigError
 
 
 def calibration(env_us=100.0, train_ms=10.0, infer_ms=1.0, torch_threads=1):
@@ -177,7 +177,7 @@ def test_gpu_calibration_file_gives_a_measured_speed():
 
 
 def test_a_prediction_inside_the_calibration_is_not_flagged_and_carries_the_validated_band():
-    from rlbalance.planner import VALIDATED_ERROR
+    from rlbalance.analysis.planner import VALIDATED_ERROR
 
     cal = calibration(env_us=100.0, train_ms=1.0, infer_ms=0.01)
     here = Machine("this machine", "x", 8, 8, 0, None, 80.0, 100.0)  # the calibrated one (see calibration())
@@ -190,7 +190,7 @@ def test_past_the_measured_env_counts_the_prediction_says_so_and_spans_edge_and_
     """Env cost per step measured at K=1 (50 us) and K=10 (100 us); asked at K=40: held at the edge it costs 100 us,
     along the trend 266 us, kept within twice the edge: 200 us. Actor-bound on a GPU box, so FPS is 1e6 / cost per
     actor thread, and the range spans both (widened by the validated error); the point follows the trend."""
-    from rlbalance.planner import VALIDATED_ERROR
+    from rlbalance.analysis.planner import VALIDATED_ERROR
 
     cal = calibration(env_us=100.0, train_ms=1e-3, infer_ms=1e-4)
     cal["env_step_us"] = {"1": 50.0, "10": 100.0}
@@ -205,7 +205,7 @@ def test_past_the_measured_env_counts_the_prediction_says_so_and_spans_edge_and_
 
 
 def test_a_gpu_without_its_calibration_is_flagged_as_roofline_with_a_wider_range():
-    from rlbalance.planner import VALIDATED_ERROR
+    from rlbalance.analysis.planner import VALIDATED_ERROR
 
     cal = calibration(env_us=1.0, train_ms=100.0, infer_ms=0.01)  # learner-bound: the GPU's speed decides
     p = predict(cal, box(), actor_threads=8)
@@ -254,8 +254,8 @@ def test_bad_catalog_file(tmp_path):
 def test_calibrate_plan_and_validate_cli(tmp_path, capsys):
     import json
 
+    from rlbalance.analysis.sweep import parse_axes, run_sweep
     from rlbalance.cli import main
-    from rlbalance.sweep import parse_axes, run_sweep
 
     cal_path = tmp_path / "cal.json"
     assert main(["calibrate", "--quick", "--out", str(cal_path)]) == 0
@@ -347,7 +347,7 @@ def test_envs_per_actor_carry_over_through_the_loop_measured_at_other_counts():
     p = predict(cal, big, actor_threads=1, envs_per_actor=40)
     assert p["sps"] == pytest.approx(1e6 / (20 + 100 / 40), rel=1e-6)
     assert "envs per actor at 40, the pipeline loop measured 5..20" in p["extrapolation"]
-    from rlbalance.planner import VALIDATED_ERROR
+    from rlbalance.analysis.planner import VALIDATED_ERROR
 
     lo, hi = p["fps_range"]  # the edge (the term as at K=20) is the slower way on
     assert lo == pytest.approx(1e6 / 25 * (1 - VALIDATED_ERROR), rel=1e-6) and hi > p["fps"]
@@ -379,7 +379,7 @@ def _row(key: str, env_id: str, fps: float, actors: int = 1, k: int = 10) -> dic
 
 
 def test_validation_predicts_each_point_with_its_own_envs_and_leaves_out_other_workloads():
-    from rlbalance.planner import validate
+    from rlbalance.analysis.planner import validate
 
     cal = _k_calibration()
     v = validate(cal, [_row("a", "synthetic", 1e6 / 40, k=5), _row("b", "synthetic", 1e6 / 25, k=20),
@@ -394,7 +394,7 @@ def test_validation_predicts_each_point_with_its_own_envs_and_leaves_out_other_w
 def test_calibration_runs_the_loop_at_envs_counts_the_batch_allows():
     """About K/4 and 4K, among the divisors of learner.batch_size for V-trace (an actor buffer holds K unrolls)."""
     from rlbalance import config as C
-    from rlbalance.calibrate import envs_counts
+    from rlbalance.analysis.calibrate import envs_counts
 
     def counts(k, b, agent="vtrace"):
         return envs_counts(C.build({"actors": {"envs_per_actor": k}, "learner": {"batch_size": b, "agent": agent},

@@ -19,9 +19,9 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback: 127.0.0.1 sta
 ray = pytest.importorskip("ray", reason="Ray is part of the test extra: pip install -e '.[test]'")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from rlbalance.bench.seeds import learning_curve  # noqa: E402
 from rlbalance import config as C  # noqa: E402
-from rlbalance.train import train  # noqa: E402
+from rlbalance.bench.seeds import learning_curve  # noqa: E402
+from rlbalance.runtime.train import train  # noqa: E402
 
 NODE = {"num_cpus": 2, "object_store_memory": 100 * 2**20, "node_ip_address": "127.0.0.1"}
 
@@ -195,8 +195,8 @@ def test_ray_config_errors_name_the_field():
 
 def test_sweep_and_ratio_with_ray_actors(tmp_path):
     # A Ray point's actor cores are the CPUs its actors reserve: 2 actors x 0.5 and x 1 CPU -> R = 1 and 2
-    from rlbalance.ratio import analyse
-    from rlbalance.sweep import parse_axes, run_sweep
+    from rlbalance.analysis.ratio import analyse
+    from rlbalance.analysis.sweep import parse_axes, run_sweep
 
     base = {"env": {"id": "synthetic", "synthetic_step_us": 20.0}, "ray": {"address": "local", "num_cpus": 2},
             "actors": {"num_actors": 2}, "telemetry": {"warmup_s": 0.5, "log_interval_s": 0.5}}

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rlbalance import config as C
-from rlbalance.envs import EnvSpec
-from rlbalance.model import build_model
+from rlbalance.agents.registry import build_model
+from rlbalance.envs.batch import EnvSpec
 
 MEMORY_ENV = "rlbalance/CartPoleNoVelocity-v1"
 
@@ -86,7 +86,7 @@ def test_the_learner_trains_from_the_states_the_actors_stepped_with(cfg_factory,
     (serial); with two learner processes each rank's server keeps its own actors' states and DistributedDataParallel
     runs the sequence pass. A missed reset or a state recorded off by one step shows up here as |log pi/mu| of
     1e-2 or more."""
-    import rlbalance.train as T
+    import rlbalance.runtime.train as T
 
     build = T.build_model
 
@@ -106,14 +106,14 @@ def test_the_learner_trains_from_the_states_the_actors_stepped_with(cfg_factory,
     rho = [r["loss/log_rho_abs"] for r in _metrics(s["run_dir"]) if "loss/log_rho_abs" in r]
     assert rho and max(rho) < 1e-5, rho
     if mode == "serial":  # and evaluation plays the recurrent policy with its own states
-        from rlbalance.evaluate import evaluate
+        from rlbalance.runtime.evaluate import evaluate
 
         ev = evaluate(s["run_dir"], episodes=4, num_envs=2, progress=False)
         assert len(ev["returns"]) >= 4
 
 
 def test_a_recurrent_model_is_calibrated_and_asks_for_its_state():
-    from rlbalance.calibrate import model_flops
+    from rlbalance.analysis.calibrate import model_flops
 
     model = build_model(C.LearnerConfig(core="lstm", core_size=8), EnvSpec((3,), np.dtype(np.float32), 2, 1))
     ff = build_model(C.LearnerConfig(), EnvSpec((3,), np.dtype(np.float32), 2, 1))
@@ -138,7 +138,7 @@ def test_an_lstm_learns_cartpole_without_velocities_where_feed_forward_does_not(
     V-trace LSTM best last-100 mean 200 and 231 (seeds 1, 2), feed-forward 53 and 56 (bench/results/recurrent/);
     R2D2 (its classic-control preset, LSTM 64): 259 and 340, feed-forward Q-network 44 and 44
     (bench/results/recurrent-r2d2/)."""
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     best = {}
     for core in ("lstm", "none"):

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from rlbalance.cli import main
-from rlbalance.train import train
+from rlbalance.runtime.train import train
 
 
 def _chromium():
@@ -60,7 +60,7 @@ def test_report_learning_figure_has_every_panel(cfg_factory):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rlbalance.report import _learning_figure
+    from rlbalance.telemetry.report import _learning_figure
 
     s = train(cfg_factory(run={"total_steps": 30_000, "name": "learnfig"},
                           telemetry={"tensorboard": False, "report": False, "log_interval_s": 60.0}))

@@ -4,16 +4,16 @@ matches torch.distributions."""
 
 import json
 
+import custom_envs  # noqa: F401  (registers the test envs in this process too)
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-import custom_envs  # noqa: F401  (registers the test envs in this process too)
 from rlbalance import config as C
 from rlbalance.cli import main
-from rlbalance.distributions import ActionSpec
-from rlbalance.envs import probe_spec
+from rlbalance.envs.batch import probe_spec
+from rlbalance.envs.spaces import ActionSpec
 
 QUIET = ["--telemetry.progress", "false", "--telemetry.tensorboard", "false", "--telemetry.report", "false"]
 

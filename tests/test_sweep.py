@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 
-from rlbalance.bench.trainer import learner_ceiling
 from rlbalance import config as C
+from rlbalance.analysis.ratio import analyse, ratio_figure, write_outputs
+from rlbalance.analysis.sweep import expand, load_rows, parse_axes, run_sweep
+from rlbalance.bench.trainer import learner_ceiling
 from rlbalance.cli import main
-from rlbalance.ratio import analyse, ratio_figure, write_outputs
-from rlbalance.sweep import expand, load_rows, parse_axes, run_sweep
 
 # Envs whose work runs elsewhere (sleep mode: each actor emulates one core) and a learner heavy enough
 # to saturate after a few actors (the env's cost per step is set from the learner's speed below): the sweep must show FPS rising, then flat, with the verdict flipping.
@@ -69,7 +69,7 @@ def test_sweep_shape_knee_where_verdict_flips(tmp_path):
 
 
 def test_ratio_refuses_to_mix_sweeps(tmp_path, capsys):
-    from rlbalance.sweep import open_db
+    from rlbalance.analysis.sweep import open_db
 
     db_path = tmp_path / "two.db"
     db = open_db(db_path)
@@ -165,7 +165,7 @@ def test_repeats_count_by_their_median_and_the_plots_draw_the_spread(tmp_path):
 def test_schema1_database_is_upgraded_and_a_newer_one_refused(tmp_path):
     import pytest
 
-    from rlbalance.sweep import SCHEMA_VERSION, open_db, sweep_args
+    from rlbalance.analysis.sweep import SCHEMA_VERSION, open_db, sweep_args
 
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)  # the schema-1 table, as sweeps before repeats wrote it
@@ -221,7 +221,7 @@ def test_sweep_with_repeats_stores_the_spread_and_resumes_after_a_kill(tmp_path)
                                                                                     for i in range(3)]
     assert all(r["ended"] == before[r["key"]] for r in rows if r["key"] in before)  # finished runs kept
     assert all(set(r["stage_shares"]) >= {"actor", "learner"} for r in rows)
-    from rlbalance.sweep import sweep_args
+    from rlbalance.analysis.sweep import sweep_args
 
     args = sweep_args(db, "rep")
     assert args["repeats"] == 3 and args["steps"] == 6000 and args["axes"] == {"actors.num_actors": ["1", "2"]}

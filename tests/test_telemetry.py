@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from rlbalance.hardware import HardwareSampler, PowerModel
-from rlbalance.train import train
-from rlbalance.verdict import decide
+from rlbalance.runtime.train import train
+from rlbalance.telemetry.hardware import HardwareSampler, PowerModel
+from rlbalance.telemetry.verdict import decide
 
 
 def _scenario(cfg_factory, name, **sections):
@@ -63,7 +63,7 @@ def test_power_is_modeled_without_gpu_or_rapl(cfg_factory):
 
 
 def _rapl():
-    from rlbalance.hardware import read_rapl_energy_uj
+    from rlbalance.telemetry.hardware import read_rapl_energy_uj
 
     return read_rapl_energy_uj() is not None
 
@@ -118,7 +118,7 @@ def test_decide_rules_on_synthetic_shares():
 
 def test_sustained_rate_leaves_out_process_start_up(tmp_path):
     # actors take a while to start; the sustained rate counts from the first update, not logger creation
-    from rlbalance.metrics import MetricsLogger
+    from rlbalance.telemetry.metrics import MetricsLogger
 
     log = MetricsLogger(tmp_path, tensorboard=False, frames_per_step=1, warmup_s=60.0)
     assert log.sustained_sps(0) == 0.0  # nothing trained yet
@@ -132,7 +132,7 @@ def test_sustained_rate_leaves_out_process_start_up(tmp_path):
 
 
 def test_rapl_wrap_uses_the_counters_own_range_and_impossible_figures_are_dropped():
-    from rlbalance.hardware import rapl_delta_uj
+    from rlbalance.telemetry.hardware import rapl_delta_uj
 
     wrap = 262_143_328_850  # a real max_energy_range_uj (about 2^38 uJ)
     assert rapl_delta_uj(1_000_000, wrap - 4_000_000, wrap) == 5_000_000  # 5 J across the wrap
@@ -269,7 +269,7 @@ def test_a_run_shorter_than_one_actor_report_still_has_every_roles_stage_shares(
 
 
 def test_role_shares_with_roles_copies_without_sharing_counters():
-    from rlbalance.session import RoleShares
+    from rlbalance.runtime.session import RoleShares
 
     warm, whole = RoleShares(), RoleShares()
     whole.add("actor", {"wall_s": 2.0, "seconds": {"env_step": 1.0}, "count": {"env_step": 10}})

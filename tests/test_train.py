@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from rlbalance.rundir import RunDir
-from rlbalance.train import train
+from rlbalance.runtime.rundir import RunDir
+from rlbalance.runtime.train import train
 
 
 def _records(run_dir):
@@ -54,7 +54,7 @@ def test_truncated_checkpoint_is_a_clear_error(cfg_factory, tmp_path):
     run = RunDir(s["run_dir"])
     ckpt = run.latest_checkpoint()
     ckpt.write_bytes(ckpt.read_bytes()[:100])
-    from rlbalance.config import ConfigError
+    from rlbalance.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="truncated"):
         run.load_checkpoint()

@@ -11,15 +11,15 @@ from multiprocessing import Pipe
 import torch
 
 from rlbalance import config as C
+from rlbalance.agents.registry import build_model
+from rlbalance.analysis.calibrate import _median_time
 from rlbalance.bench.trainer import learner_ceiling
-from rlbalance.buffers import StepSlots
-from rlbalance.calibrate import _median_time
-from rlbalance.envs import probe_spec
-from rlbalance.inference import InferenceServer
-from rlbalance.model import build_model
-from rlbalance.timing import StageTimer
-from rlbalance.train import train
-from rlbalance.verdict import decide
+from rlbalance.core.timing import StageTimer
+from rlbalance.envs.batch import probe_spec
+from rlbalance.runtime.buffers import StepSlots
+from rlbalance.runtime.inference import InferenceServer
+from rlbalance.runtime.train import train
+from rlbalance.telemetry.verdict import decide
 
 
 def test_a_run_that_waits_on_its_inference_server_is_inference_bound(tmp_path):

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from rlbalance.vtrace import vtrace
+from rlbalance.agents.vtrace.vtrace import vtrace
 
 
 def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap, clip_rho, clip_c, clip_pg_rho, lam=1.0):

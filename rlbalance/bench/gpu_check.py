@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rlbalance.rundir import dumps
-
+from rlbalance.core.jsonio import dumps
 
 SWEEP_ACTORS = (1, 2, 4, 8, 16)
 
@@ -42,10 +41,10 @@ def main(out: str = "bench/results", rehearse: bool = False) -> int:
         return 1
     device = "cpu" if rehearse else "cuda"
     scale = 0.02 if rehearse else 1.0
-    from rlbalance.bench.trainer import learner_ceiling, workload_config
     from rlbalance import config as C
-    from rlbalance.profiling import profile_run
-    from rlbalance.train import train
+    from rlbalance.analysis.profiling import profile_run
+    from rlbalance.bench.trainer import learner_ceiling, workload_config
+    from rlbalance.runtime.train import train
 
     out_p = Path(out)
     res = {"device": "cpu (rehearsal)" if rehearse else torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": {}}
@@ -79,7 +78,7 @@ def main(out: str = "bench/results", rehearse: bool = False) -> int:
     res["profile"] = {p: {k: g[k] for k in ("by_kind_ms", "wall_ms_per_step", "achieved_flops")}
                       for p, g in prof["phases"].items()}
     out_p.mkdir(parents=True, exist_ok=True)
-    from rlbalance.calibrate import run_calibration, save
+    from rlbalance.analysis.calibrate import run_calibration, save
 
     for name in ("pong", "cartpole"):  # GPU calibration files for `rlbalance plan --gpu-calibration`
         cal = run_calibration(workload_config(name, {"learner": {"device": device}}), quick=True)

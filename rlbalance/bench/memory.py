@@ -19,7 +19,7 @@ CORES = ("lstm", "none")
 
 def run_memory(out: Path, seeds: int = 2, steps: int = 150_000, core_size: int = 64, progress=print,
                agent: str = "vtrace") -> dict:
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     runs = []
     for seed in range(1, seeds + 1):

@@ -16,10 +16,10 @@ import statistics
 from pathlib import Path
 
 from rlbalance import config as C
-from rlbalance.calibrate import load, run_calibration, save
-from rlbalance.planner import validate
-from rlbalance.rundir import dumps
-from rlbalance.sweep import load_rows, parse_axes, run_sweep, sweep_names
+from rlbalance.analysis.calibrate import load, run_calibration, save
+from rlbalance.analysis.planner import validate
+from rlbalance.analysis.sweep import load_rows, parse_axes, run_sweep, sweep_names
+from rlbalance.core.jsonio import dumps
 
 # Shapes the planner must carry over to: cheap and expensive envs, vector and pixel observations, small and large
 # models, central and actor-side inference, discrete and continuous actions, the synthetic env at several costs.
@@ -57,7 +57,7 @@ def _slug(name: str) -> str:  # an env id as a file and run name (ALE/Pong-v5 ->
 def parse_workloads(text: str) -> list[str]:
     """The workloads named (default: all of WORKLOADS): a planner workload, or any env id (its family's preset),
     which is made once here so that a wrong id is named before anything runs."""
-    from rlbalance.envs import probe_spec
+    from rlbalance.envs.batch import probe_spec
 
     names = [w for w in text.split(",") if w] or list(DEFAULT_WORKLOADS)
     for w in names:

@@ -23,7 +23,7 @@ MILESTONES = (-15.0, 18.0)
 
 def _train_curve(cfg, steps: int, seed: int, out: Path, name: str) -> Path:
     """Train ``cfg`` for ``steps`` env steps under ``out``/runs, logging every 10 s; returns the run directory."""
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     cfg = replace(cfg, run=replace(cfg.run, total_steps=steps, seed=seed, out_dir=str(out / "runs"),
                                    name=f"{name}-seed{seed}-{int(time.time())}", checkpoint_interval_s=300.0),
@@ -100,7 +100,8 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
         f"{r['frames']},{r['wall_s']:.1f}," + ",".join(_csv(r[c]) for c in cols) + "\n" for r in rows))
     ckpts = sorted((run / "checkpoints").glob("ckpt-*.pt"))
     if ckpts:  # the final policy as a minimal run directory (config + model-only checkpoint) for `rlbalance eval`
-        from rlbalance.rundir import CHECKPOINT_FORMAT, atomic_write_json
+        from rlbalance.core.jsonio import atomic_write_json
+        from rlbalance.runtime.rundir import CHECKPOINT_FORMAT
 
         state = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
         policy = out / "policy"

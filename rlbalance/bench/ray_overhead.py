@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from rlbalance import config as C
-from rlbalance.rundir import dumps
+from rlbalance.core.jsonio import dumps
 
 WORKLOADS = {
     "cartpole": {"env": {"id": "CartPole-v1"}},
@@ -29,7 +29,7 @@ def run_ray_overhead(out: Path, workloads: list[str], actor_counts: list[int], s
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     ray.init(address="local", include_dashboard=False, object_store_memory=256 * 2**20,
              _node_ip_address="127.0.0.1", logging_level="WARNING",

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from rlbalance import config as C
-from rlbalance.rundir import dumps
+from rlbalance.core.jsonio import dumps
 
 THRESHOLDS = (400, 475)
 
@@ -31,7 +31,7 @@ def _first_reach(curve: list[tuple[int, float]], level: float) -> int | None:
 
 def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=print, extra: dict | None = None) -> dict:
     """``extra``: config overrides on top of the defaults (e.g. {"learner": {"max_grad_norm": 2.0}})."""
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     runs = []
     for mode in modes:

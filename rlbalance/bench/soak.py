@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 from rlbalance import config as C
-from rlbalance.rundir import dumps
+from rlbalance.core.jsonio import dumps
 
 
 def run_soak(seconds: float, out: Path, warmup_s: float = 120.0, workload: dict | None = None) -> dict:
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     cfg = C.build(C.merge(workload or {}, {
         "run": {"total_steps": 10**12, "max_seconds": seconds, "out_dir": str(out / "runs"),

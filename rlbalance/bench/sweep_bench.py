@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlbalance.analysis.ratio import analyse, write_outputs
+from rlbalance.analysis.sweep import parse_axes, run_sweep
 from rlbalance.bench.trainer import DEFAULT_STEPS, WORKLOADS
-from rlbalance.ratio import analyse, write_outputs
-from rlbalance.sweep import parse_axes, run_sweep
 
 
 def run_bench_sweep(out: Path, actors: list[int], steps: int, workloads: str) -> dict:

@@ -8,14 +8,14 @@ import time
 from pathlib import Path
 
 from rlbalance import config as C
-from rlbalance.rundir import dumps
+from rlbalance.core.jsonio import dumps
 
 ON = {"stage_timers": True, "hardware_interval_s": 0.5, "log_interval_s": 1.0, "tensorboard": True}
 OFF = {"stage_timers": False, "hardware_interval_s": 0.0, "log_interval_s": 3600.0, "tensorboard": False}
 
 
 def run_overhead(steps: int, repeats: int, out: Path, workload: dict | None = None, progress=print) -> dict:
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     sps = {"on": [], "off": []}
     for i in range(repeats):

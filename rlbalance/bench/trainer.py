@@ -19,12 +19,12 @@ import numpy as np
 import torch
 
 from rlbalance import config as C
-from rlbalance.actor import actor_cpus, actor_env_groups, client_seed, init_process
-from rlbalance.buffers import RolloutBuffers
-from rlbalance.envs import EnvBatch, probe_spec
-from rlbalance.learner import Learner
-from rlbalance.model import build_model, core_state_size, resolve_device
-from rlbalance.rundir import dumps, hardware_stamp
+from rlbalance.agents import registry
+from rlbalance.core.jsonio import dumps
+from rlbalance.envs.batch import probe_spec
+from rlbalance.runtime.actor import actor_cpus, actor_env_groups, client_seed, init_process
+from rlbalance.runtime.devices import resolve_device
+from rlbalance.runtime.rundir import hardware_stamp
 
 WORKLOADS = {
     "cartpole": {},
@@ -96,61 +96,30 @@ def env_ceiling(cfg: C.Config, num_actors: int, seconds: float = 5.0, warmup: fl
 
 
 def learner_ceiling(cfg: C.Config, seconds: float = 5.0, warmup_updates: int = 3) -> dict:
-    """SPS of learner updates on one batch already in memory (observations from real env steps). R2D2: gradient
-    steps on a batch of sequences, each worth batch_size x period / replay_ratio env steps (what the actors must
-    deliver per step at the asked ratio)."""
-    if cfg.learner.agent == "r2d2":
-        return _r2d2_ceiling(cfg, seconds, warmup_updates)
-    spec = probe_spec(cfg.env)
-    torch.set_num_threads(cfg.learner.torch_threads)
-    device = resolve_device(cfg.learner.device)
-    learner = Learner(build_model(cfg.learner, spec), cfg.learner, device, total_steps=10**12)
-    nb, k, t = cfg.buffers_per_batch, cfg.actors.envs_per_actor, cfg.learner.unroll_length
-    bufs = RolloutBuffers.allocate(nb, t, k, spec, shared=False, core_size=core_state_size(cfg.learner, spec))
-    envs = EnvBatch(cfg.env, k, 0)
-    obs = envs.reset()
-    rng = np.random.default_rng(0)
-    for j in range(nb):
-        v = bufs.view(j)
-        for i in range(t + 1):
-            v.obs[i] = obs
-            v.action[i] = spec.action.random(rng, k)
-            r = envs.step(v.action[i])
-            obs, v.reward[i], v.done[i] = r.obs, r.reward, r.done
-    envs.close()
-    batch = bufs.gather(list(range(nb)))
-    for _ in range(warmup_updates):
-        learner.train(batch)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        learner.train(batch)
-        n += 1
-    dt = time.perf_counter() - t0
-    sps = n * t * nb * k / dt
-    return {"sps": sps, "updates_per_s": n / dt, "device": str(device)}
-
-
-def _r2d2_ceiling(cfg: C.Config, seconds: float, warmup_updates: int) -> dict:
-    from rlbalance.calibrate import r2d2_timing_agent
+    """SPS of learner steps on one batch already in memory (observations from real env steps), each step worth what
+    the agent says the actors must deliver for it (``Agent.learner_work``: a V-trace update its B x T steps, an R2D2
+    gradient step B x period / replay_ratio)."""
+    from rlbalance.analysis.calibrate import timed_learner
 
     spec = probe_spec(cfg.env)
     torch.set_num_threads(cfg.learner.torch_threads)
     device = resolve_device(cfg.learner.device)
-    agent = r2d2_timing_agent(cfg, spec, device, cfg.r2d2.batch_size)
+    work = registry.get(cfg.learner.agent).learner_work(cfg)
+    learner, batch = timed_learner(cfg, spec, device, work["batch_size"], real_env=True)
     for _ in range(warmup_updates):
-        agent.timed_step()
+        learner.timed_step(batch)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        agent.timed_step()
+        learner.timed_step(batch)
         n += 1
     dt = time.perf_counter() - t0
-    per_step = cfg.r2d2.batch_size * cfg.learner.unroll_length / cfg.r2d2.replay_ratio
+    per_step = work["env_steps_per_train_step"]
     return {"sps": n * per_step / dt, "updates_per_s": n / dt, "device": str(device),
-            "note": f"R2D2 gradient steps, each worth {per_step:g} env steps at replay ratio {cfg.r2d2.replay_ratio:g}"}
+            "note": f"learner steps of {cfg.learner.agent}, each worth {per_step:g} env steps"}
 
 
 def end_to_end(cfg: C.Config, num_actors: int, steps: int, out_dir: Path, label: str) -> dict:
-    from rlbalance.train import train
+    from rlbalance.runtime.train import train
 
     cfg = replace(cfg, actors=C.fit_buffers(replace(cfg.actors, num_actors=num_actors), cfg.learner),
                   run=replace(cfg.run, total_steps=steps, out_dir=str(out_dir),

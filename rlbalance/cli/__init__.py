@@ -7,8 +7,8 @@ import argparse
 import importlib
 import sys
 
-from ..config import ConfigError
-from .options import HelpFormatter, normalize_option
+from rlbalance.cli.options import HelpFormatter, normalize_option
+from rlbalance.core.errors import ConfigError
 
 SUBCOMMANDS = {
     "train": "Train an agent (SEED-style central inference or IMPALA-style actor inference).",
@@ -31,7 +31,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: a started run wrote its final check
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .. import __version__
+    from rlbalance import __version__
 
     parser = argparse.ArgumentParser(
         prog="rlbalance", description="Train RL agents SEED-style on CPU-GPU machines, and measure and balance "
@@ -52,9 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         argcomplete.autocomplete(parser)
     args = parser.parse_args([normalize_option(a) for a in (sys.argv[1:] if argv is None else argv)])
-    from ..actor_pool import ActorFailure
-    from ..learner import NonFiniteLossError
-    from ..rundir import DiskWriteError
+    from rlbalance.core.errors import DiskWriteError, NonFiniteLossError
+    from rlbalance.runtime.actor_pool import ActorFailure
 
     try:
         return int(modules[args.command].run(args) or 0)

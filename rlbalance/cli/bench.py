@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for w in [w for w in (args.workloads or "cartpole,pong").split(",") if w]:
         if w not in WORKLOADS:
-            from rlbalance.config import ConfigError
+            from rlbalance.core.errors import ConfigError
 
             raise ConfigError(f"--workloads: unknown workload {w!r}; choose from {sorted(WORKLOADS)}")
         steps = args.steps or DEFAULT_STEPS.get(w, 500_000)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .. import config as C
-from .options import add_config_arguments, cli_overrides
+from rlbalance import config as C
+from rlbalance.cli.options import add_config_arguments, cli_overrides
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..calibrate import run_calibration, save
+    from rlbalance.analysis.calibrate import run_calibration, save
 
     cfg = C.build(C.merge(C.read_file(args.config) if args.config else {}, cli_overrides(args)))
     cal = run_calibration(cfg, quick=args.quick, progress=lambda s: print(f"calibrate: {s}", flush=True))

@@ -33,11 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..evaluate import evaluate
+    from rlbalance.runtime.evaluate import evaluate
 
     video = None
     if args.video is not None:  # first: a run that cannot be recorded is refused before anything is written
-        from ..evaluate import record_video
+        from rlbalance.runtime.evaluate import record_video
 
         video = record_video(args.run_dir, args.video or None, greedy=args.greedy, checkpoint=args.checkpoint,
                              device=args.device, seed=args.seed, max_steps=args.video_steps)
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {v['path']}: one game, return {v['return']:.1f}, {v['frames']} frames at {v['fps']:g} "
               f"frames/s ({v['seconds']:.1f} s){'' if v['game_over'] else ', cut at --video-steps'}")
     if (run_dir / "report.html").is_file():  # the run's report shows the evaluation too
-        from ..report import write_report
+        from rlbalance.telemetry.report import write_report
 
         print(f"updated {write_report(run_dir)}")
     return 0 if r["complete"] else 1

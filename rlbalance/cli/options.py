@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import typing
 
-from .. import config as C
+from rlbalance import config as C
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -25,7 +25,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def _choices() -> dict[tuple[str, str], tuple[str, ...]]:
-    from ..presets import PRESET_NAMES
+    from rlbalance.config.presets import PRESET_NAMES
 
     return {("env", "backend"): C.ENV_BACKENDS, ("env", "synthetic_cost"): ("busy", "sleep"),
             ("inference", "mode"): C.INFERENCE_MODES, ("learner", "device"): C.DEVICES,

@@ -10,10 +10,10 @@ Every figure is modeled; --validate compares the model with measured sweep point
 
 from __future__ import annotations
 
-from ..rundir import dumps as strict_dumps
-
 import argparse
 import json
+
+from rlbalance.core.jsonio import dumps as strict_dumps
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,8 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _parse_machine(text: str, catalog_data: dict):
-    from ..config import ConfigError
-    from ..planner import parse_catalog
+    from rlbalance.analysis.catalog import parse_catalog
+    from rlbalance.core.errors import ConfigError
 
     name, sep, rest = text.partition(":")
     if not sep:
@@ -51,9 +51,10 @@ def _parse_machine(text: str, catalog_data: dict):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..calibrate import load
-    from ..config import ConfigError
-    from ..planner import best_ratios, load_catalog, predict, speed_for, validate
+    from rlbalance.analysis.calibrate import load
+    from rlbalance.analysis.catalog import load_catalog
+    from rlbalance.analysis.planner import best_ratios, predict, speed_for, validate
+    from rlbalance.core.errors import ConfigError
 
     if args.sweep and not args.validate:
         raise ConfigError("--sweep NAME picks the points of --validate SWEEP_DB: give --validate too")
@@ -69,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{', '.join(str(x) for x in range(1, b + 1) if b % x == 0)})" if b else " (e.g. 8)"))
     gpu_cals = [load(f) for f in args.gpu_calibration]
     if args.validate:
-        from ..sweep import load_rows
+        from rlbalance.analysis.sweep import load_rows
 
         rows = load_rows(args.validate, args.sweep)
         if not rows:
-            from ..sweep import sweep_names
+            from rlbalance.analysis.sweep import sweep_names
 
             raise ConfigError(f"--validate {args.validate}: no sweep points" + (
                 f" in sweep {args.sweep!r}; its sweeps: {sweep_names(args.validate)} (--sweep NAME)" if args.sweep

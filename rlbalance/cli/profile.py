@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .options import add_config_arguments, cli_overrides
-from .. import config as C
+from rlbalance import config as C
+from rlbalance.cli.options import add_config_arguments, cli_overrides
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..profiling import profile_run
+    from rlbalance.analysis.profiling import profile_run
 
     over = C.merge({"run": {"total_steps": 20_000}}, C.read_file(args.config) if args.config else {},
                    cli_overrides(args))

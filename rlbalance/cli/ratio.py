@@ -13,9 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
-    from ..ratio import analyse, write_outputs
-    from ..sweep import load_rows, sweep_names
+    from rlbalance.analysis.ratio import analyse, write_outputs
+    from rlbalance.analysis.sweep import load_rows, sweep_names
+    from rlbalance.core.errors import ConfigError
 
     names = sweep_names(args.db)
     if args.name is None and len(names) > 1:  # points of different sweeps (workloads) are not one curve

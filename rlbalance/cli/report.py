@@ -11,8 +11,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
-    from ..report import write_report
+    from rlbalance.core.errors import ConfigError
+    from rlbalance.telemetry.report import write_report
 
     run = Path(args.run_dir)
     if not (run / "metrics.jsonl").is_file():

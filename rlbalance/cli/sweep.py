@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from .. import config as C
-from .options import add_config_arguments, cli_overrides
+from rlbalance import config as C
+from rlbalance.cli.options import add_config_arguments, cli_overrides
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sweep import done_keys, expand, open_db, parse_axes, run_key, run_sweep
+    from rlbalance.analysis.sweep import done_keys, expand, open_db, parse_axes, run_key, run_sweep
 
     base = C.merge(C.read_file(args.config) if args.config else {}, cli_overrides(args))
     axes = parse_axes(args.axis)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .. import config as C
-from .options import add_config_arguments, cli_overrides, load_config
+from rlbalance import config as C
+from rlbalance.cli.options import add_config_arguments, cli_overrides, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..rundir import RunDir
-    from ..train import train
+    from rlbalance.runtime.rundir import RunDir
+    from rlbalance.runtime.train import train
 
     if args.ray:
         args.set = [*args.set, f"ray.address={args.ray}"]
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"learner rank {summary['rank']}: {summary['outcome']}")
     else:
         _print_summary(summary)
-    from . import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED
+    from rlbalance.cli import EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED
 
     return {"completed": EXIT_COMPLETED, "interrupted": EXIT_INTERRUPTED}.get(summary["outcome"], EXIT_FAILED)
 

@@ -1,0 +1,108 @@
+"""The one interface between an agent (a learning algorithm) and the rest of rlbalance.
+
+An agent is a folder under ``rlbalance/agents/`` with an :class:`Agent` and one line in ``registry.AGENTS``. The
+runtime and the analysis call only what is here, so they never ask which agent they carry. The canonical loop, as
+the runners run it::
+
+    agent = registry.get(cfg.learner.agent)
+    agent.check(cfg, spec)                          # refusals, before any process starts
+    net = agent.build_net(cfg.learner, spec)        # the policy the actors (or the inference server) evaluate
+    learner = agent.make_learner(net, cfg, spec, device)
+    explore = agent.exploration(cfg)                # per-env values handed to every act call (or None)
+    while not done:
+        # actors: actions, out, state_in, state = net.act_recurrent(obs, state, first, gen, explore=...)
+        #         (feed-forward nets: actions, out = net.act(obs, gen, explore=...)); they record ``out``
+        stats = learner.train(batch_of_unrolls)     # any number of gradient steps
+    learner.figures(); learner.annotate_verdict(verdict)   # its own telemetry and what the verdict means for it
+
+A net records, per env step, its ``out`` row (policy parameters, Q-values: whatever the learner needs of the step
+the actor took) in the buffers' ``logits`` slots; its width is ``spec.num_actions``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class LearnerBase:
+    """What every agent's learner offers the runtime besides ``train``: defaults for the optional parts.
+
+    Required: ``model`` (the net inference uses), ``device``, ``updates`` (optimizer steps taken), ``steps`` (env
+    steps consumed), ``train(batch) -> dict`` (loss figures and ``time_*`` stage seconds), ``state_dict``,
+    ``load_state_dict``, ``lr_now``."""
+
+    def scalars(self) -> dict[str, float]:
+        """Extra figures for each metrics record (beside the losses)."""
+        return {}
+
+    def figures(self) -> dict:
+        """The agent's own figures for telemetry.json and the summary, by name (e.g. ``{"replay": {...}}``)."""
+        return {}
+
+    def annotate_verdict(self, verdict: dict) -> None:
+        """Add to the bottleneck verdict's evidence and advice what it means for this agent."""
+
+    def timed_step(self, batch: dict[str, torch.Tensor]) -> None:
+        """One gradient step as a run takes it, on ``batch`` (unrolls as the buffers give them) or on what the
+        learner holds: what a profile and the learner-ceiling bench time."""
+        self.train(batch)
+
+
+class Agent:
+    """One learning algorithm, as the runtime and the analysis see it."""
+
+    name = ""
+    #: evaluation plays the net's greedy action whatever it is asked (a Q-network has no policy to sample)
+    greedy_eval = False
+    #: config fields (section, name) that do not change this agent's work: the planner ignores them when it matches
+    #: sweep points to a calibration
+    unused_fields: frozenset[tuple[str, str]] = frozenset()
+    #: config fields (section, name) of the agent's own that change its work (the planner matches on them too)
+    workload_fields: tuple[tuple[str, str], ...] = ()
+    #: the most learner devices it trains on (None: one learner process per device, any number)
+    max_learner_devices: int | None = None
+
+    def check(self, cfg, spec) -> None:
+        """Refuse (ConfigError, naming the field and the fix) what this agent cannot run, before any process
+        starts; ``spec`` is the env's."""
+
+    def build_net(self, cfg, spec) -> nn.Module:
+        raise NotImplementedError
+
+    def state_size(self, cfg, spec) -> int:
+        """One env's recurrent state size (0: feed-forward): what buffers and slots hold for it."""
+        return int(getattr(self.build_net(cfg, spec), "state_size", 0))
+
+    def make_learner(self, net: nn.Module, cfg, spec, device: torch.device, step_lock=None,
+                     distributed: bool = False) -> LearnerBase:
+        raise NotImplementedError
+
+    def exploration(self, cfg) -> np.ndarray | None:
+        """Per-env values [clients, K] that every act call of that env receives as ``explore`` (an epsilon
+        ladder, ...); None: the net explores by itself (a sampled policy)."""
+        return None
+
+    def identity(self, cfg) -> dict:
+        """What a checkpoint of this agent records about it (checked on resume)."""
+        return {"agent": self.name}
+
+    # -- calibration and the planner ------------------------------------------------------------------------------
+
+    def short_run(self, cfg) -> dict:
+        """Config overrides (by section) for the short runs calibration makes (e.g. learning from the first batch)."""
+        return {}
+
+    def step_sizes(self, cfg, quick: bool) -> list[int]:
+        """The batch sizes calibration times a learner step at."""
+        raise NotImplementedError
+
+    def sized(self, cfg, batch_size: int):
+        """``cfg`` with one learner step at ``batch_size`` samples (calibration times ``learner.timed_step`` on it)."""
+        raise NotImplementedError
+
+    def learner_work(self, cfg) -> dict:
+        """What one learner step is: ``batch_size`` (samples), ``rows_per_sample``, ``env_steps_per_train_step``
+        (env steps the actors deliver per step), ``row_forwards_per_sample`` (forward-pass equivalents per row)."""
+        raise NotImplementedError

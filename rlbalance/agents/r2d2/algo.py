@@ -1,0 +1,62 @@
+"""The pure pieces of R2D2: the invertible value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (Pohlen et al.
+2018), n-step double-Q targets, sequence priorities (eta max + (1 - eta) mean of |TD|) and the Ape-X epsilon ladder."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+RESCALE_EPS = 1e-3
+
+
+def rescale(x: torch.Tensor, eps: float = RESCALE_EPS) -> torch.Tensor:
+    return torch.sign(x) * (torch.sqrt(x.abs() + 1.0) - 1.0) + eps * x
+
+
+def inverse_rescale(x: torch.Tensor, eps: float = RESCALE_EPS) -> torch.Tensor:
+    return torch.sign(x) * (((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
+
+
+def n_step_double_q_targets(q_online: torch.Tensor, q_target: torch.Tensor, rewards: torch.Tensor,
+                            done: torch.Tensor, discount: float, n: int, eps: float = RESCALE_EPS,
+                            truncated: torch.Tensor | None = None, final_value: torch.Tensor | None = None
+                            ) -> torch.Tensor:
+    """Targets [T1 - n, B] for rows 0..T1-n-1 of sequences [T1, B]: ``q_online`` and ``q_target`` [T1, B, A] the
+    online and target networks' (rescaled) values of every row, ``rewards`` [T1, B] r_t, ``done`` [T1, B] whether
+    the episode ended after a_t. Rows past T1-n-1 have no bootstrap row in the sequence (they are the next
+    sequence's burn-in or overlap). ``truncated`` [T1, B]: of those ends, the ones a time limit made, where the
+    return bootstraps from ``final_value`` [T1, B] (the unrescaled double-Q value of the episode's last
+    observation) instead of ending."""
+    t1 = rewards.shape[0]
+    t = t1 - n
+    if t < 1:
+        raise ValueError(f"a sequence of {t1} rows has no row with an {n}-step target")
+    alive = torch.ones_like(rewards[:t])  # the episode has not ended before step k
+    ret = torch.zeros_like(rewards[:t])
+    for k in range(n):
+        ret = ret + alive * (discount ** k) * rewards[k:k + t]
+        if truncated is not None:
+            ret = ret + alive * truncated[k:k + t].to(ret.dtype) * (discount ** (k + 1)) * final_value[k:k + t]
+        alive = alive * (1.0 - done[k:k + t].float())
+    best = q_online[n:n + t].argmax(dim=-1, keepdim=True)  # double Q: the online net picks, the target net values
+    boot = inverse_rescale(q_target[n:n + t].gather(-1, best).squeeze(-1), eps)
+    return rescale(ret + alive * (discount ** n) * boot, eps)
+
+
+def sequence_priorities(td: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
+    """Priority [B] of each sequence from its TD errors [T, B]."""
+    a = td.abs()
+    return eta * a.max(dim=0).values + (1.0 - eta) * a.mean(dim=0)
+
+
+def env_epsilons(cfg) -> np.ndarray:
+    """Each env's exploration rate in a run [clients, K]: the ladder over all the run's envs, in client order."""
+    k = cfg.actors.envs_per_actor
+    return epsilon_ladder(cfg.num_clients * k, cfg.r2d2.epsilon_base, cfg.r2d2.epsilon_alpha).reshape(-1, k)
+
+
+def epsilon_ladder(n: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """The exploration rate of each of ``n`` actors (or envs): base ** (1 + alpha i / (n - 1))."""
+    if n == 1:
+        return np.array([base])
+    return base ** (1.0 + alpha * np.arange(n) / (n - 1))

@@ -1,0 +1,263 @@
+"""The V-trace actor-critic algorithm: loss and optimizer step. Knows nothing of processes."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from rlbalance.agents.base import LearnerBase
+from rlbalance.agents.nets import batch_to
+from rlbalance.agents.vtrace.model import ActorCritic
+from rlbalance.agents.vtrace.vtrace import vtrace
+from rlbalance.config import LearnerConfig
+from rlbalance.core.errors import NonFiniteLossError
+
+BATCH_KEYS = ("obs", "action", "logits", "reward", "done", "truncated", "final_obs")
+PER_BUFFER_KEYS = ("version", "client", "unroll")  # one value per buffer of the batch, not per unroll column
+
+
+class Learner(LearnerBase):
+    """Holds the model and optimizer; ``train(batch)`` does one V-trace update.
+
+    ``batch`` maps BATCH_KEYS to time-major tensors [T+1, N, ...]: index t holds the observation
+    x_t, the action a_t taken there, the behaviour policy's logits, the reward r_t and done_t of
+    the transition x_t -> x_{t+1}. Row T supplies the bootstrap observation only. Where an episode
+    was cut by a time limit (``truncated``), the target bootstraps from V(``final_obs``).
+    """
+
+    def __init__(self, model: ActorCritic, cfg: LearnerConfig, device: torch.device, total_steps: int,
+                 step_lock=None, distributed: bool = False):
+        self.cfg, self.device, self.total_steps = cfg, device, total_steps
+        # Held around the optimizer step, so a concurrent inference pass never sees half-updated weights.
+        self.step_lock = step_lock or contextlib.nullcontext()
+        self.model = model.to(device)
+        # One learner process per device (rlbalance.distributed): the loss's forward passes go through
+        # DistributedDataParallel, whose backward all-reduces (averages) the gradients, so every rank takes the same
+        # optimizer step from the same weights. Each rank's loss is a mean over its own batch; with equal batches
+        # the averaged gradient is that of their union. Inference and checkpoints use the module itself.
+        self.train_model = self.model
+        if distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.train_model = DistributedDataParallel(self.model, device_ids=[device] if device.type == "cuda"
+                                                       else None, forward_sync_buffers=False)
+        from rlbalance.core import distributed as dist
+
+        self.world = dist.world_size() if distributed else 1
+        self.lr_factor = {"none": 1.0, "linear": float(self.world), "sqrt": self.world ** 0.5}[cfg.lr_scaling]
+        self.action = model.action  # the action space's distribution (rlbalance.distributions)
+        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
+                                          lr=cfg.learning_rate, eps=cfg.adam_eps)
+        self.updates = 0
+        self.steps = 0  # environment steps consumed
+        self.cuda = device.type == "cuda"
+        if self.cuda:  # true device busy time of each update, from CUDA events
+            self._ev_start = torch.cuda.Event(enable_timing=True)
+            self._ev_end = torch.cuda.Event(enable_timing=True)
+
+    def lr_now(self) -> float:
+        lr = self.cfg.learning_rate * self.lr_factor
+        if self.cfg.lr_schedule == "constant":
+            return lr
+        return lr * max(0.0, 1.0 - self.steps / self.total_steps)
+
+    def to_device(self, batch: dict[str, torch.Tensor], device: torch.device | None = None) -> dict[str, torch.Tensor]:
+        return batch_to(batch, device or self.device)
+
+    def loss(self, b: dict[str, torch.Tensor], model: torch.nn.Module | None = None,
+             targets: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, dict, tuple[torch.Tensor, torch.Tensor]]:
+        """The loss on unrolls ``b`` and the V-trace targets (vs, advantages) it used.
+
+        ``targets`` from an earlier pass over the same unrolls are reused (later epochs), as PPO reuses
+        its advantages; without them they are computed from this forward pass."""
+        cfg = self.cfg
+        model = model or self.train_model
+        t1, n = b["action"].shape[:2]
+        t = t1 - 1
+        states = None
+        if self.model.recurrent:  # the core over each unroll from the state the actor recorded at its row 0
+            first = torch.zeros_like(b["done"])
+            first[1:] = b["done"][:-1] | b["truncated"][:-1]  # (the rule the actors reset their states by)
+            logits, values, states = model(b["obs"], b["core"], first)
+        else:
+            logits, values = model(b["obs"].reshape(t1 * n, *b["obs"].shape[2:]))
+            logits = logits.reshape(t1, n, -1)
+            values = values.reshape(t1, n)
+        dist = self.action
+        actions = b["action"][:t]
+        target_logp = dist.log_prob(logits[:t], actions)
+        behaviour_logp = dist.log_prob(b["logits"][:t].float(), actions)
+        if targets is None:  # (no gradients there: the module itself, not its DDP wrapper)
+            targets = self._targets(b, getattr(model, "module", model), target_logp.detach() - behaviour_logp,
+                                    values.detach(), None if states is None else states.detach())
+        vs, adv = targets
+        if cfg.normalize_advantages:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        stats: dict[str, torch.Tensor] = {}
+        if cfg.ppo_clip:
+            # Clipped surrogate on the ratio to the behaviour policy (APPO, as in Sample Factory).
+            ratio = torch.exp(target_logp - behaviour_logp)
+            surrogate = torch.min(ratio * adv, ratio.clamp(1 - cfg.ppo_clip, 1 + cfg.ppo_clip) * adv)
+            pg_loss = -surrogate.mean()
+            stats["clip_fraction"] = ((ratio - 1).abs() > cfg.ppo_clip).float().mean()
+        else:
+            pg_loss = -(target_logp * adv).mean()
+        baseline_loss = 0.5 * ((vs - values[:t]) ** 2).mean()
+        entropy = dist.entropy(logits[:t]).mean()
+        total = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
+        # |log pi/mu| per step: how far the policy trained is from the one that acted (policy lag; 0 when they are
+        # the same weights, which checks that the learner sees what the actors saw, recurrent states included)
+        stats.update(pg_loss=pg_loss, baseline_loss=baseline_loss, entropy=entropy, total_loss=total,
+                     log_rho_abs=(target_logp - behaviour_logp).detach().abs().mean())
+        return total, stats, targets
+
+    @torch.no_grad()
+    def _targets(self, b: dict[str, torch.Tensor], model: torch.nn.Module, log_rhos: torch.Tensor,
+                 values: torch.Tensor, states: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """V-trace value targets and policy-gradient advantages for unrolls ``b``, [T, n] each. ``states``: a
+        recurrent model's core state after each row (a time limit's last observation follows it)."""
+        cfg = self.cfg
+        t = values.shape[0] - 1
+        rewards = b["reward"][:t].float()
+        if cfg.reward_scale != 1.0:
+            rewards = rewards * cfg.reward_scale
+        if cfg.reward_clip:
+            rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
+        discounts = (1.0 - b["done"][:t].float()) * cfg.discount
+        truncated = b["truncated"][:t]
+        if truncated.any():
+            # A time limit is not a terminal state: bootstrap from the value of the last observation.
+            if states is None:
+                _, v_final = model(b["final_obs"][:t][truncated])
+            else:
+                v_final = model.values_after(b["final_obs"][:t][truncated], states[:t][truncated])
+            rewards = rewards.clone()
+            rewards[truncated] += cfg.discount * v_final
+        vt = vtrace(log_rhos, discounts, rewards, values[:t], values[t], cfg.clip_rho, cfg.clip_c,
+                    cfg.clip_pg_rho, cfg.vtrace_lambda)
+        return vt.vs, (vt.advantages if cfg.ppo_clip else vt.pg_advantages)
+
+    def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One update on a batch already in host memory: ``epochs`` passes, each over ``minibatches`` parts of
+        the batch (whole unrolls, shuffled per epoch), one optimizer step each. Returns loss figures (means
+        over the steps) and stage times (s)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        b = self.to_device(batch)
+        t1 = time.perf_counter()
+        if self.cuda:
+            self._ev_start.record()
+        lr = self._set_lr()
+        self._update_obs_norm(b["obs"])
+        n = b["action"].shape[1]
+        m = cfg.minibatches
+        vs = adv = None
+        sums: dict[str, torch.Tensor] = {}
+        fwd_bwd = optim = 0.0
+        steps = 0
+        for epoch in range(cfg.epochs):
+            order = torch.arange(n) if epoch == 0 else torch.randperm(n)
+            for cols in order.chunk(m):
+                ta = time.perf_counter()
+                mb = b if m == 1 else {k: v[cols.to(v.device)] if k == "core" else v[:, cols.to(v.device)]
+                                       for k, v in b.items() if k not in PER_BUFFER_KEYS}
+                targets = None if epoch == 0 else (vs[:, cols], adv[:, cols])
+                total, stats, (mvs, madv) = self.loss(mb, targets=targets)
+                if epoch == 0 and cfg.epochs > 1:
+                    if vs is None:
+                        vs, adv = (torch.empty((mvs.shape[0], n), device=mvs.device) for _ in range(2))
+                    vs[:, cols], adv[:, cols] = mvs, madv
+                self._check_finite(total, stats, mb)
+                self.optimizer.zero_grad(set_to_none=True)
+                total.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                tb = time.perf_counter()
+                with self.step_lock:
+                    self.optimizer.step()
+                tc = time.perf_counter()
+                fwd_bwd += tb - ta
+                optim += tc - tb
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v.detach()
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.detach()
+                steps += 1
+        if self.cuda:
+            self._ev_end.record()
+        out = {k: float(v.item()) / steps for k, v in sums.items()}  # .item() synchronises the device
+        optim += time.perf_counter() - tc  # the last step's device work, finished by that synchronisation
+        if self.cuda:
+            out["time_gpu_train"] = self._ev_start.elapsed_time(self._ev_end) / 1000.0
+        grad_norm = out.pop("grad_norm")
+        return self._count(b["action"], out, grad_norm, lr, t1 - t0, fwd_bwd, optim)
+
+    def _update_obs_norm(self, obs: torch.Tensor) -> None:
+        """Fold the batch's observations (rows 0..T-1; row T is the next unroll's first) into the running
+        statistics, under the step lock so a concurrent inference pass sees old or new statistics, not a mix. With
+        several learner processes, the moments of every rank's batch (summed across ranks outside the lock, so a
+        rank waiting for the others does not hold up its own inference server); non-finite ones stop every rank
+        alike, before they reach the statistics."""
+        norm = getattr(self.model, "obs_norm", None)
+        if norm is None:
+            return
+        if self.world > 1:
+            from rlbalance.core.distributed import global_moments
+
+            n, mean, var = global_moments(obs[:-1].reshape(-1, *norm.mean.shape))
+            if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
+                raise NonFiniteLossError(f"observations are NaN or infinite on a learner rank at update {self.updates}: "
+                                         "the environment returned them; fix the environment")
+            with self.step_lock:
+                norm.fold(n, mean, var)
+            return
+        with self.step_lock:
+            norm.update(obs[:-1])
+
+    def _set_lr(self) -> float:
+        lr = self.lr_now()
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        return lr
+
+    def _check_finite(self, total: torch.Tensor, stats: dict, b: dict[str, torch.Tensor] | None = None) -> None:
+        finite = bool(torch.isfinite(total))
+        if self.world > 1:  # every rank stops at the same step (one skipping backward would hang the others)
+            import torch.distributed as tdist
+
+            flag = torch.tensor([0.0 if finite else 1.0], device=total.device)
+            tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+            if finite and flag.item() > 0:
+                raise NonFiniteLossError(f"the loss is not finite on another learner rank at update {self.updates} "
+                                         "(that rank's error names the cause); training stopped on every rank")
+        if finite:
+            return
+        where = f"loss is {total.item()} at update {self.updates}"
+        if b is not None:  # name the source: data from the environment, or the learning itself
+            for key, what in (("reward", "rewards"), ("obs", "observations")):
+                x = b[key]
+                if x.is_floating_point() and not torch.isfinite(x).all():
+                    raise NonFiniteLossError(f"{where}: the environment returned NaN or infinite {what}; fix the "
+                                             "environment (a lower learning rate will not help)")
+        raise NonFiniteLossError(
+            f"{where} (pg={stats['pg_loss'].item():.4g}, baseline={stats['baseline_loss'].item():.4g}, "
+            f"entropy={stats['entropy'].item():.4g}) with finite rewards and observations: the learning diverged; "
+            "lower learner.learning_rate or learner.max_grad_norm, or set learner.reward_clip")
+
+    def _count(self, action: torch.Tensor, out: dict, grad_norm, lr: float, h2d: float, fwd_bwd: float,
+               optim: float) -> dict[str, float]:
+        self.updates += 1
+        self.steps += (action.shape[0] - 1) * action.shape[1] * self.world  # every rank trains on as many
+        out.update(grad_norm=float(grad_norm), lr=lr, time_h2d=h2d, time_fwd_bwd=fwd_bwd, time_optim=optim)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "updates": self.updates, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        self.steps = int(state["steps"])

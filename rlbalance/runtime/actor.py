@@ -1,0 +1,389 @@
+"""The actor role: step K environments, ask a policy for actions, fill unroll buffers.
+
+``Rollout.step`` is the actor loop's body, shared by the serial runner and the actor processes. A
+policy is asked in two halves, ``request(obs)`` then ``receive()``, so an actor process can step one
+env group while another group's request is in flight (double-buffered sampling). ``actor_main`` is
+the process around it: one init function owns signals, threads and CPU affinity.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from rlbalance.agents import registry
+from rlbalance.config import Config
+from rlbalance.core.timing import StageTimer
+from rlbalance.envs.batch import EnvBatch, StepResult
+from rlbalance.runtime.buffers import (
+    RolloutBuffers,
+    SharedWeights,
+    StepSlots,
+    UnrollView,
+)
+
+
+class Policy(Protocol):
+    core_in: np.ndarray | None  # a recurrent policy: the core state [K, 2, H] the last answered step started from
+
+    def request(self, obs: np.ndarray, first: np.ndarray) -> None:
+        """Ask for actions for observations [K, ...]; ``first`` [K] bool: which of them start an episode (a
+        recurrent policy resets those envs' state). May return before the actions are ready."""
+
+    def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The answer to the last request: (actions [K], logits [K, A], policy version)."""
+
+
+class UnrollWriter:
+    """Writes one env group's steps into its current unroll buffer, in two halves: the action chosen
+    at x_t, then what stepping the envs gave. Used where the envs are stepped in this process
+    (``Rollout``) and where they are stepped elsewhere (the Ray runner's learner-side record)."""
+
+    def __init__(self, k: int, obs: np.ndarray, client: int = 0, first_unroll: int = 0):
+        self.k, self.obs, self.client = k, obs, client
+        self.first = np.ones(k, dtype=bool)  # obs starts an episode: after a reset, and after done or truncated
+        self.buf: UnrollView | None = None
+        self.t = 0
+        self.steps = 0
+        self.unrolls = first_unroll  # unrolls begun: consecutive numbers mark consecutive unrolls of the same envs
+
+    def begin(self, buf: UnrollView) -> None:
+        self.buf, self.t = buf, 0
+        buf.client[...] = self.client
+        buf.unroll[...] = self.unrolls
+        self.unrolls += 1
+
+    def record_action(self, action: np.ndarray, logits: np.ndarray, version: int,
+                      core_in: np.ndarray | None = None) -> None:
+        """``core_in``: a recurrent policy's state [K, 2, H] this step started from (kept for row 0)."""
+        buf, t = self.buf, self.t
+        if t == 0:
+            buf.version[...] = version
+            if core_in is not None:
+                buf.core[...] = core_in
+        buf.obs[t] = self.obs
+        buf.action[t] = action
+        buf.logits[t] = logits
+
+    def record_step(self, r: StepResult, final_obs: np.ndarray | None) -> bool:
+        """The transition of the recorded action; True when the buffer is complete. ``final_obs`` is
+        needed only where ``r.truncated`` (rows elsewhere are ignored)."""
+        buf, t = self.buf, self.t
+        buf.reward[t] = r.reward
+        buf.done[t] = r.done
+        buf.truncated[t] = r.truncated
+        if r.truncated.any():
+            buf.final_obs[t][r.truncated] = final_obs[r.truncated]
+        buf.ep_end[t] = r.game_over
+        buf.ep_return[t] = r.ep_return
+        buf.ep_length[t] = r.ep_length
+        self.obs = r.obs
+        self.first = r.done | r.truncated  # (the learner resets a recurrent core by the same rule)
+        self.t += 1
+        self.steps += self.k
+        complete = self.t == buf.action.shape[0] - 1
+        if complete:  # row T: the bootstrap observation (its action comes with the next buffer's row 0)
+            buf.obs[self.t] = self.obs
+            buf.reward[self.t] = 0
+            buf.done[self.t] = buf.truncated[self.t] = buf.ep_end[self.t] = False
+        return complete
+
+
+class Rollout(UnrollWriter):
+    """One env group stepped in this process, and its place in the current unroll buffer."""
+
+    def __init__(self, envs: EnvBatch, policy: Policy, timer: StageTimer | None = None, client: int = 0,
+                 first_unroll: int = 0):
+        self.envs, self.policy = envs, policy
+        self.timer = timer or StageTimer()
+        with self.timer.stage("reset"):
+            obs = envs.reset()
+        super().__init__(envs.k, obs, client, first_unroll)
+        policy.request(self.obs, self.first)
+
+    def step(self) -> bool:
+        """Take one step of all K envs into the buffer; True when the buffer is complete."""
+        timer = self.timer
+        with timer.stage("wait_action"):
+            action, logits, version = self.policy.receive()
+        self.record_action(action, logits, version, self.policy.core_in)
+        with timer.stage("env_step"):
+            r = self.envs.step(action)
+        complete = self.record_step(r, self.envs.final_obs)
+        self.policy.request(self.obs, self.first)
+        return complete
+
+    def fill(self, buf: UnrollView) -> None:
+        """Fill a whole buffer (the serial runner's way)."""
+        self.begin(buf)
+        while not self.step():
+            pass
+
+
+class CentralClient:
+    """Central inference: write obs to this group's slot, flag the server; later read the answer."""
+
+    def __init__(self, client_id: int, slots: StepSlots, conn):
+        self.conn = conn
+        self.obs = slots.obs[client_id].numpy()
+        self.action = slots.action[client_id].numpy()
+        self.logits = slots.logits[client_id].numpy()
+        self.version = slots.version[client_id : client_id + 1].numpy()
+        self.first = slots.first[client_id].numpy()
+        self.core_in = slots.core_in[client_id].numpy() if slots.core_in.shape[-1] else None
+
+    def request(self, obs: np.ndarray, first: np.ndarray) -> None:
+        self.obs[...] = obs
+        self.first[...] = first
+        self.conn.send_bytes(b"r")
+
+    def receive(self):
+        self.conn.recv_bytes()
+        return self.action, self.logits, int(self.version[0])
+
+
+def net_step(net: torch.nn.Module, obs: torch.Tensor, state: torch.Tensor | None, first: torch.Tensor,
+             generator: torch.Generator | None, explore: torch.Tensor | None = None):
+    """One step of any agent's policy net for N envs, as every runner takes it: (actions, the net's ``out`` row that
+    the actors record, the state the step started from, the state after it); the states are None for a
+    feed-forward net. ``explore`` [N]: the agent's per-env exploration values (``Agent.exploration``), or None."""
+    with torch.inference_mode():
+        if state is None:
+            actions, out = net.act(obs, generator, explore=explore)
+            return actions, out, None, None
+        return net.act_recurrent(obs, state, first, generator, explore=explore)
+
+
+class DirectPolicy:
+    """A policy evaluated at request time in this process (serial runner, actor-side inference): ``net`` on
+    ``device`` for one env group of ``k`` envs (a recurrent net: with their core states), ``explore`` [k] those
+    envs' exploration values (None: none), ``before()`` run before each step (actor-side: the weight sync)."""
+
+    def __init__(self, net: torch.nn.Module, k: int, generator: torch.Generator, version_fn,
+                 explore: torch.Tensor | None = None, device: torch.device | str = "cpu", before=None):
+        self.net, self.generator, self.version_fn, self.explore, self.device = net, generator, version_fn, explore, device
+        self.before = before
+        self.state = net.initial_state(k, device) if getattr(net, "recurrent", False) else None
+        self.answer = None
+        self.core_in = None
+
+    def request(self, obs: np.ndarray, first: np.ndarray) -> None:
+        if self.before is not None:
+            self.before()
+        dev = self.device
+        actions, out, core_in, self.state = net_step(self.net, torch.from_numpy(obs).to(dev), self.state,
+                                                     torch.from_numpy(first).to(dev), self.generator, self.explore)
+        self.core_in = None if core_in is None else core_in.cpu().numpy()
+        self.answer = (actions.cpu().numpy(), out.cpu().numpy(), self.version_fn())
+
+    def receive(self):
+        return self.answer
+
+
+class LocalModel:
+    """Actor-side inference: a CPU copy of the model, synced when sync_every learner updates passed.
+    One per actor process, shared by its env groups (each with its own DirectPolicy)."""
+
+    def __init__(self, model: torch.nn.Module, weights: SharedWeights, sync_every: int, seed: int):
+        self.model, self.weights, self.sync_every = model, weights, sync_every
+        self.generator = torch.Generator().manual_seed(seed)
+        self.version = weights.load_into(model)
+
+    def _sync(self) -> None:
+        if int(self.weights.version[0]) - self.version >= self.sync_every:
+            self.version = self.weights.load_into(self.model)
+
+    def policy(self, k: int, explore: torch.Tensor | None = None) -> DirectPolicy:
+        """The policy of one env group of ``k`` envs (``explore``: their exploration values, see ``net_step``)."""
+        return DirectPolicy(self.model, k, self.generator, lambda: self.version, explore, before=self._sync)
+
+
+def exploration(cfg: Config, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """Every env's exploration values [clients, K] on ``device`` (the agent's, see ``Agent.exploration``); None where
+    the agent's net explores by itself."""
+    x = registry.get(cfg.learner.agent).exploration(cfg)
+    return None if x is None else torch.as_tensor(x, dtype=torch.float32, device=device)
+
+
+def init_process(torch_threads: int, cpus: tuple[int, ...] | None, seed: int) -> None:
+    """Per-process setup for every role: signals, torch threads, CPU affinity, seeds."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner coordinates shutdown
+    torch.set_num_threads(torch_threads)
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2**32))
+
+
+def client_seed(cfg: Config, client_id: int) -> int:
+    """Seed of env group ``client_id`` (actor * env_groups + group); its envs take seed + 0..K-1."""
+    return cfg.run.seed * 1_000_003 + client_id * cfg.actors.envs_per_actor
+
+
+def actor_env_groups(cfg: Config, actor_id: int, life: int = 0) -> list[EnvBatch]:
+    """The env groups of actor ``actor_id`` in its ``life``-th process (0: the first), each seeded apart;
+    a fault injected for tests (env.synthetic_fault) is armed in actor 0's first life only."""
+    g = cfg.actors.env_groups
+    return [EnvBatch(cfg.env, cfg.actors.envs_per_actor, client_seed(cfg, actor_id * g + i) + 7919 * life,
+                     fault_armed=(actor_id == 0 and i == 0 and life == 0)) for i in range(g)]
+
+
+def actor_cpus(cfg: Config, actor_id: int) -> tuple[int, ...] | None:
+    aff = cfg.actors.cpu_affinity
+    return (aff[actor_id % len(aff)],) if aff else None
+
+
+@dataclass
+class ActorShared:
+    """Everything an actor process shares with the learner, handed over once at start.
+
+    Nothing here is a lock: an actor can be SIGKILLed at any moment, and a lock it held would stay held
+    (a multiprocessing queue's lock did exactly that and stalled the other actors). Buffer indices and
+    stage times travel over each actor's own control pipe; flags and heartbeats are shared memory with
+    a single writer each."""
+
+    buffers: RolloutBuffers
+    stop: torch.Tensor       # [1] uint8: set by the learner to stop every actor
+    heartbeat: torch.Tensor  # [num_actors] float64: time.monotonic() of each actor's last step
+    slots: StepSlots | None
+    weights: SharedWeights | None
+
+
+FREE, FULL, STATS = b"B", b"F", b"S"  # control-pipe message kinds: free buffer in, full buffer and stats out
+
+
+def encode_index(kind: bytes, idx: int) -> bytes:
+    return kind + int(idx).to_bytes(4, "little")
+
+
+class BufferLink:
+    """The actor's end of its control pipe: free buffer indices come in, full ones and stage times go out.
+
+    Each message is one write of a few bytes (atomic on a pipe), one writer and one reader per direction."""
+
+    def __init__(self, conn, actor_id: int, stop: torch.Tensor, beat):
+        self.conn, self.actor_id, self.stop, self.beat = conn, actor_id, stop, beat
+        self.free: list[int] = []
+
+    def _receive(self, timeout: float) -> None:
+        if self.conn.poll(timeout):
+            while True:
+                msg = self.conn.recv_bytes()
+                if msg[:1] == FREE:
+                    self.free.append(int.from_bytes(msg[1:5], "little"))
+                if not self.conn.poll(0):
+                    break
+
+    def take(self, timer: StageTimer) -> int:
+        """A free buffer index. Waiting on the learner is not hanging: the heartbeat goes on meanwhile."""
+        with timer.stage("wait_buffer"):
+            self._receive(0)
+            while not self.free:
+                if self.stop[0]:
+                    raise _Stopped
+                self._receive(0.2)
+                self.beat()
+                _check_parent()
+        return self.free.pop(0)
+
+    def full(self, idx: int) -> None:
+        self.conn.send_bytes(encode_index(FULL, idx))
+
+    def stats(self, snap: dict) -> None:
+        self.conn.send_bytes(STATS + pickle.dumps(("actor", self.actor_id, snap)))
+
+
+def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, conns, ctl) -> None:
+    """Entry point of one actor process: env_groups rollouts stepped in turn.
+
+    ``conns`` are the inference channels of its env groups (central inference), ``ctl`` its control pipe
+    to the learner. ``incarnation`` counts restarts of this actor (0 for the first); a fault injected for
+    tests (env.synthetic_fault) fires in the first incarnation of actor 0 only."""
+    g = cfg.actors.env_groups
+    clients = [actor_id * g + i for i in range(g)]
+    init_process(1, actor_cpus(cfg, actor_id), client_seed(cfg, clients[0]) + 7919 * incarnation)
+    if os.environ.get(FAULT_INJECTION_ENV) == "1":  # rlbalance bench chaos: SIGUSR1 is a crash at a random point
+        signal.signal(signal.SIGUSR1, _injected_crash)
+    timer = StageTimer(cfg.telemetry.stage_timers)
+    heartbeat = sh.heartbeat.numpy()
+    heartbeat[actor_id] = time.monotonic()
+
+    def beat() -> None:
+        heartbeat[actor_id] = time.monotonic()
+
+    link = BufferLink(ctl, actor_id, sh.stop, beat)
+    envs: list[EnvBatch] = []
+    try:
+        envs = actor_env_groups(cfg, actor_id, incarnation)
+        if cfg.inference.mode == "central":
+            policies = [CentralClient(c, sh.slots, conn) for c, conn in zip(clients, conns)]
+        else:
+            model = registry.build_model(cfg.learner, envs[0].spec)
+            local = LocalModel(model, sh.weights, cfg.inference.sync_every, client_seed(cfg, clients[0]))
+            explore = exploration(cfg)
+            policies = [local.policy(cfg.actors.envs_per_actor, None if explore is None else explore[c])
+                        for c in clients]
+        rollouts = [Rollout(e, p, timer, c, unroll_base(incarnation)) for e, p, c in zip(envs, policies, clients)]
+        owned = [link.take(timer) for _ in rollouts]
+        for r, idx in zip(rollouts, owned):
+            r.begin(sh.buffers.view(idx))
+        last_report = time.perf_counter()
+        while not sh.stop[0]:
+            for i, r in enumerate(rollouts):
+                if r.step():
+                    link.full(owned[i])
+                    owned[i] = link.take(timer)
+                    r.begin(sh.buffers.view(owned[i]))
+            beat()
+            now = time.perf_counter()
+            if now - last_report > 1.0:
+                _check_parent()
+                link.stats(timer.snapshot(reset=True))
+                last_report = now
+        link.stats(timer.snapshot(reset=True))  # the last stage times
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt, _Stopped):
+        # the server closed the channel or the learner asked us to stop: the last stage times still go to the
+        # learner, which reads the control pipe after the actors exit (a run shorter than one report has no other)
+        try:
+            link.stats(timer.snapshot(reset=True))
+        except (OSError, EOFError, ValueError):
+            pass  # the learner closed the control pipe or is gone
+    finally:
+        for e in envs:
+            e.close()
+
+
+def unroll_base(incarnation: int) -> int:
+    """The first unroll number of an actor's ``incarnation``: far from the last one's, so a restarted actor's
+    unrolls never pass for the continuation of its predecessor's (an agent that chains an env's unrolls into sequences goes by their numbers)."""
+    return incarnation << 40
+
+
+class _Stopped(Exception):
+    pass
+
+
+FAULT_INJECTION_ENV = "RLBALANCE_FAULT_INJECTION"
+
+
+class InjectedCrash(RuntimeError):
+    """An actor crash injected on purpose (``rlbalance bench chaos`` sends SIGUSR1)."""
+
+
+def _injected_crash(signum, frame) -> None:
+    raise InjectedCrash("crash injected by rlbalance bench chaos (SIGUSR1)")
+
+
+def _check_parent() -> None:
+    """An actor whose learner died (kill -9) stops instead of living on as an orphan."""
+    parent = mp.parent_process()
+    if parent is not None and not parent.is_alive():
+        raise _Stopped

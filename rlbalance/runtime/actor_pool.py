@@ -1,0 +1,232 @@
+"""The actor processes and their health: start, heartbeats, restarts, shutdown.
+
+An actor is restarted when its process has died (an env raised, it was SIGKILLed) or its heartbeat is
+older than ``actors.heartbeat_timeout_s`` (it hangs; it is SIGKILLed first). Its half-filled buffers
+go to its next process, its inference channels are replaced, and the seconds it was lost for are
+counted. More than ``actors.max_restarts`` restarts stop training with an error.
+
+Each actor owns a fixed share of the unroll buffers and talks to the learner over its own control pipe:
+the pool sends it free buffer indices, it sends back full ones and its stage times. No lock or queue is
+shared between processes, so an actor killed at any moment cannot stall the others.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from multiprocessing.connection import wait
+
+from rlbalance.config import Config
+from rlbalance.runtime.actor import FREE, FULL, STATS, ActorShared, actor_main, encode_index
+
+START_TIMEOUT_S = 60.0  # a new actor process may take this long (imports, env creation) to step once
+
+
+class ActorFailure(RuntimeError):
+    """Actors failed more often than actors.max_restarts allows."""
+
+
+class ActorPool:
+    def __init__(self, ctx, cfg: Config, shared: ActorShared, on_start=None):
+        self.ctx, self.cfg, self.sh = ctx, cfg, shared
+        self.g = cfg.actors.env_groups
+        self.central = cfg.inference.mode == "central"
+        self.on_start = on_start  # called with (actor_id, pid) for each process started
+        self.procs: list = [None] * cfg.actors.num_actors
+        self.incarnation = [0] * cfg.actors.num_actors
+        self.parent_conns: list = [None] * cfg.num_clients
+        self.restarts = 0
+        self.lost_seconds = 0.0
+        self.events: list[dict] = []
+        self._awaiting: dict[int, tuple[float, float]] = {}  # actor -> (restart time, last sign of life)
+        self.server = None
+        self.started = [0.0] * cfg.actors.num_actors  # when each actor's current process was started
+        self.ctl: list = [None] * cfg.actors.num_actors  # the learner's end of each actor's control pipe
+        self.per_actor = cfg.buffers_per_actor_process
+        self.full: list[int] = []  # full buffers, oldest first, not yet taken by the learner
+        self.at_actor: set[int] = set()  # buffers sent to their actor and not yet back full
+        self.unsent: list[list[int]] = [list(range(i * self.per_actor, (i + 1) * self.per_actor))
+                                        for i in range(cfg.actors.num_actors)]  # free, for the next process
+        self.stats: list[tuple] = []
+        self._eof: set[int] = set()  # actors whose control pipe closed (dead), until restarted
+
+    def owner(self, idx: int) -> int:
+        return idx // self.per_actor
+
+    def start_all(self) -> None:
+        for i in range(len(self.procs)):
+            self._start(i)
+
+    def _start(self, i: int) -> list:
+        conns, child_ends = [], []
+        if self.central:
+            for _ in range(self.g):
+                parent_end, child_end = self.ctx.Pipe(duplex=True)
+                conns.append(parent_end)
+                child_ends.append(child_end)
+        ctl, ctl_child = self.ctx.Pipe(duplex=True)
+        self.started[i] = time.monotonic()
+        self.sh.heartbeat[i] = self.started[i]
+        p = self.ctx.Process(target=actor_main, name=f"rlbalance-actor-{i}", daemon=True,
+                             args=(i, self.incarnation[i], self.cfg, self.sh, child_ends, ctl_child))
+        p.start()
+        for c in (*child_ends, ctl_child):
+            c.close()  # only the child holds its ends: its death closes them (EOF here, never a stall)
+        self.procs[i] = p
+        self.ctl[i] = ctl
+        self._eof.discard(i)
+        todo, self.unsent[i] = self.unsent[i], []
+        self._send_free(todo)
+        for j, c in enumerate(conns):
+            old = self.parent_conns[i * self.g + j]
+            self.parent_conns[i * self.g + j] = c
+            if old is not None:
+                old.close()
+        if self.on_start:
+            self.on_start(i, p.pid)
+        return conns
+
+    def check(self) -> None:
+        """Restart dead or hung actors; account for the time they were lost."""
+        now = time.monotonic()
+        timeout = self.cfg.actors.heartbeat_timeout_s
+        for i, p in enumerate(self.procs):
+            beat = float(self.sh.heartbeat[i])
+            if i in self._awaiting:
+                t_restart, t_last = self._awaiting[i]
+                if beat > t_restart:  # the new process stepped: it is back
+                    self.lost_seconds += beat - t_last
+                    del self._awaiting[i]
+                elif p.is_alive() and now - t_restart < max(timeout, START_TIMEOUT_S):
+                    continue
+                # else the new process died too, or never stepped in its start-up time: restart it again
+            dead = not p.is_alive()
+            # a process that has not stepped yet is starting (imports, envs), not hung: it gets longer
+            limit = timeout if beat > self.started[i] else max(timeout, START_TIMEOUT_S)
+            hung = not dead and now - beat > limit
+            if not (dead or hung):
+                continue
+            reason = f"exited with code {p.exitcode}" if dead else f"silent for {now - beat:.1f} s (hung)"
+            if hung:
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(timeout=5)
+            if self.restarts >= self.cfg.actors.max_restarts:
+                raise ActorFailure(f"actor {i} {reason}, and the {self.restarts} restarts allowed "
+                                   f"(actors.max_restarts) are used up; see the actor's traceback above")
+            self.restarts += 1
+            self.events.append({"actor": i, "reason": reason, "at": time.strftime("%H:%M:%S")})
+            self._reclaim(i)
+            self.incarnation[i] += 1
+            t_last = beat if i not in self._awaiting else self._awaiting[i][1]
+            conns = self._start(i)
+            if self.server is not None:
+                self.server.replace_clients(list(range(i * self.g, (i + 1) * self.g)), conns)
+            self._awaiting[i] = (time.monotonic(), t_last)
+
+    def _reclaim(self, i: int) -> None:
+        """Whatever the dead actor sent before it died is read; the buffers it held go to its next process."""
+        conn, self.ctl[i] = self.ctl[i], None
+        if conn is not None:
+            self._read(i, conn)
+            conn.close()
+        held = sorted(idx for idx in self.at_actor if self.owner(idx) == i)
+        self.at_actor.difference_update(held)
+        self.unsent[i].extend(held)
+
+    def _send_free(self, idx: list[int]) -> None:
+        for j in idx:
+            i = self.owner(j)
+            conn = self.ctl[i]
+            try:
+                if conn is None:
+                    raise BrokenPipeError
+                conn.send_bytes(encode_index(FREE, j))
+                self.at_actor.add(j)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self.unsent[i].append(j)  # the actor is dead: its next process gets it
+
+    def _read(self, i: int, conn) -> None:
+        """Every message waiting on actor i's control pipe."""
+        try:
+            while conn.poll(0):
+                msg = conn.recv_bytes()
+                kind = msg[:1]
+                if kind == FULL:
+                    j = int.from_bytes(msg[1:5], "little")
+                    if j in self.at_actor:
+                        self.at_actor.discard(j)
+                        self.full.append(j)
+                elif kind == STATS:
+                    self.stats.append(pickle.loads(msg[1:]))
+        except (EOFError, OSError):
+            self._eof.add(i)  # the actor died; check() restarts it
+
+    def receive(self, timeout: float) -> None:
+        """Read the control pipes, waiting up to ``timeout`` seconds for the first message."""
+        live = {id(c): (i, c) for i, c in enumerate(self.ctl) if c is not None and i not in self._eof}
+        if not live:
+            time.sleep(timeout)
+            return
+        for c in wait([c for _, c in live.values()], timeout=timeout):
+            self._read(*live[id(c)])
+
+    def take_full(self, nb: int, while_waiting) -> list[int]:
+        """The ``nb`` oldest full buffers; ``while_waiting()`` (the health check) runs every half second
+        without enough of them."""
+        last = since = time.monotonic()
+        have, restarts = len(self.full), self.restarts
+        # No actor fault can block the others now, but the learner still ends any stall it cannot explain.
+        limit = 2 * max(self.cfg.actors.heartbeat_timeout_s, START_TIMEOUT_S)
+        while len(self.full) < nb:
+            self.receive(0.5)
+            now = time.monotonic()
+            if len(self.full) > have:
+                have, since, restarts = len(self.full), now, self.restarts
+            elif now - since > limit:
+                why = (f"while actors were restarted {self.restarts - restarts} times (they fail faster than "
+                       "they make an unroll)" if self.restarts > restarts else "while every actor looked alive")
+                raise ActorFailure(f"no unroll arrived for {now - since:.0f} s {why} ({len(self.full)} of {nb} "
+                                   "buffers for the next batch); stopping rather than waiting forever")
+            if now - last >= 0.5:
+                while_waiting()
+                last = time.monotonic()
+        idx, self.full = self.full[:nb], self.full[nb:]
+        return idx
+
+    def give_back(self, idx: list[int]) -> None:
+        """Buffers the learner has copied out go back to the actors that own them."""
+        self._send_free(idx)
+
+    def take_stats(self) -> list[tuple]:
+        out, self.stats = self.stats, []
+        return out
+
+    def pending_lost_seconds(self) -> float:
+        now = time.monotonic()
+        return self.lost_seconds + sum(now - t_last for _, t_last in self._awaiting.values())
+
+    def stop(self) -> None:
+        self.sh.stop[0] = 1
+        if self.server is not None:
+            self.server.stop()
+            self.server.join(timeout=5)
+        for c in self.parent_conns:
+            if c is not None:
+                c.close()
+        for p in self.procs:
+            if p is not None:
+                p.join(timeout=5)
+        for p in self.procs:
+            if p is not None and p.is_alive():
+                p.terminate()
+                p.join(timeout=2)
+            if p is not None and p.is_alive():  # a stopped (SIGSTOP) or wedged actor ignores SIGTERM
+                p.kill()
+                p.join(timeout=2)
+        for i, c in enumerate(self.ctl):
+            if c is not None:
+                self._read(i, c)  # the actors' last stage times
+                c.close()
+                self.ctl[i] = None

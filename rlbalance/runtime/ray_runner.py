@@ -1,0 +1,413 @@
+"""Actors on a Ray cluster; the learner and its central inference server stay in this process.
+
+Ray places, starts and restarts the actors (``EnvWorker``, one per actor, ``ray.cpus_per_actor`` CPU
+resources each); no home-made cluster manager. The per-step channel is one Ray call per env group
+and step: ``step(group, actions[K])`` returns the K envs' next observations, rewards and flags, so a
+message carries a whole group's K environments. The learner side drives: a thread (``RayFeeder``)
+waits on all groups' outstanding calls, batches the observations that are in (the same dynamic
+batching as the shared-memory server: everything ready, then up to ``inference.max_wait_ms`` more),
+runs one forward pass, and sends each group its actions. It writes the unrolls into buffers in this
+process with the same ``UnrollWriter`` as the local actors, so the learner loop is the same.
+
+With ``inference.mode=actor`` a call is ``unroll(group, weights, version)``: the actor runs a CPU copy
+of the policy for T steps and returns the whole unroll; new weights go out through Ray's object store
+(one ``ray.put`` per version, read by every actor that needs it).
+
+Faults: a call that fails because its actor died (process killed, node lost) voids that group's
+half-filled unroll; Ray restarts the actor (``actors.max_restarts``) where resources allow, and the
+feeder resets its groups when it is back. A call outstanding longer than ``actors.heartbeat_timeout_s``
+is a hung actor: it is killed and restarted. The seconds from an actor's last good reply to its first
+after the restart are counted as lost actor-seconds. Training goes on with the other actors meanwhile.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from rlbalance.agents.base import LearnerBase
+from rlbalance.config import Config
+from rlbalance.core.timing import StageTimer
+from rlbalance.envs.batch import EnvSpec
+from rlbalance.runtime.actor import UnrollWriter
+from rlbalance.runtime.actor_pool import START_TIMEOUT_S
+from rlbalance.runtime.buffers import RolloutBuffers
+from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect, worker_class
+from rlbalance.runtime.session import Session
+
+# -- the actor side ---------------------------------------------------------------------------------
+
+
+# -- the learner side -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Group:
+    """The learner's record of one env group: its buffer, and the call in flight for it."""
+
+    actor: int
+    group: int
+    writer: UnrollWriter | None = None
+    buffer: int = -1  # index of the buffer being filled, -1 when waiting for one
+    ref: object = None
+    sent_at: float = 0.0
+    retry_at: float = 0.0
+    version: int = -1  # actor mode: the weights version this group's actor was last sent
+
+
+class RayActorSet:
+    """The Ray actors, their health and the counts the session reports (restarts, lost seconds)."""
+
+    def __init__(self, ray, cfg: Config):
+        self.ray, self.cfg = ray, cfg
+        cls = worker_class(ray, cfg)
+        strategy = "SPREAD" if cfg.ray.placement == "spread" else "DEFAULT"
+        cfg_dict = cfg.to_dict()
+        from rlbalance.config.user_modules import user_module_dirs
+
+        dirs = user_module_dirs(cfg.env)
+        agent_module = cfg.learner.agent.partition(":")[0] if ":" in cfg.learner.agent else None
+        if agent_module:  # an agent named 'module:Agent' is imported in every worker, as env modules are
+            dirs += [d for d in user_module_dirs(SimpleNamespace(id="", imports=(agent_module,))) if d not in dirs]
+        self.handles = [cls.options(scheduling_strategy=strategy, name=None).remote(i, cfg_dict, dirs)
+                        for i in range(cfg.actors.num_actors)]
+        self.restarts = 0
+        self.lost_seconds = 0.0
+        self.events: list[dict] = []
+        self.down: dict[int, float] = {}  # actor -> its last good reply before it failed
+        self.last_ok = [time.monotonic()] * len(self.handles)
+        self.replied = [False] * len(self.handles)  # since its (re)start: until then it is starting, not hung
+        self.placement: dict[int, dict] = {}
+
+    def failed(self, actor: int, reason: str) -> None:
+        if actor in self.down:
+            return
+        self.down[actor] = self.last_ok[actor]
+        self.replied[actor] = False
+        if self.restarts >= self.cfg.actors.max_restarts:
+            from rlbalance.runtime.actor_pool import ActorFailure
+
+            raise ActorFailure(f"Ray actor {actor} {reason}, and the {self.restarts} restarts allowed "
+                               f"(actors.max_restarts) are used up")
+        self.restarts += 1
+        self.events.append({"actor": actor, "reason": reason, "at": time.strftime("%H:%M:%S")})
+
+    def ok(self, actor: int) -> None:
+        now = time.monotonic()
+        if actor in self.down:
+            self.lost_seconds += now - self.down.pop(actor)
+        self.last_ok[actor] = now
+        self.replied[actor] = True
+
+    def pending_lost_seconds(self) -> float:
+        now = time.monotonic()
+        return self.lost_seconds + sum(now - t for t in self.down.values())
+
+    def kill(self, actor: int) -> None:
+        """A hung actor: Ray kills the process and restarts it."""
+        self.ray.kill(self.handles[actor], no_restart=False)
+
+    def stop(self) -> None:
+        for h in self.handles:
+            try:
+                self.ray.kill(h, no_restart=True)
+            except Exception:
+                pass
+
+
+class RayFeeder(threading.Thread):
+    """Drives the Ray actors: central inference over their step calls, or collecting their unrolls."""
+
+    def __init__(self, ray, cfg: Config, actors: RayActorSet, buffers: RolloutBuffers, free_q: queue.Queue,
+                 full_q: queue.Queue, stats_q: queue.Queue, learner: LearnerBase, model_lock: threading.Lock):
+        super().__init__(name="ray-feeder", daemon=True)
+        self.ray, self.cfg, self.actors = ray, cfg, actors
+        self.buffers, self.free_q, self.full_q, self.stats_q = buffers, free_q, full_q, stats_q
+        self.learner, self.model_lock = learner, model_lock
+        self.central = cfg.inference.mode == "central"
+        g = cfg.actors.env_groups
+        self.groups = [_Group(a, j) for a in range(cfg.actors.num_actors) for j in range(g)]
+        self.k = cfg.actors.envs_per_actor
+        mb = cfg.inference.max_batch
+        self.max_groups = max(1, mb // self.k) if mb else len(self.groups)
+        self.max_wait = cfg.inference.max_wait_ms / 1000.0
+        self.timeout = cfg.actors.heartbeat_timeout_s
+        self.stop_event = threading.Event()
+        self.timer = StageTimer(cfg.telemetry.stage_timers)  # the inference role (central mode)
+        self.batch_sizes: list[int] = []
+        self.error: BaseException | None = None
+        device = learner.device
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(cfg.run.seed)
+        self.torch_threads = torch.get_num_threads()
+        self.weights: tuple[int, object] | None = None  # actor mode: (version, object ref of flat params)
+        self._weights_lock = threading.Lock()
+        self.messages = 0
+        self.bytes = 0
+
+    # the learner thread publishes new weights for actor-side inference
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        if self.weights is not None and version - self.weights[0] < self.cfg.inference.sync_every:
+            return
+        flat = torch.nn.utils.parameters_to_vector([p.detach() for p in model.parameters()]).cpu().numpy()
+        ref = self.ray.put(flat)
+        with self._weights_lock:
+            self.weights = (version, ref)
+
+    def run(self) -> None:
+        torch.set_num_threads(self.torch_threads)  # (a thread's OpenMP team is its own: see InferenceServer.run)
+        try:
+            self._loop()
+        except BaseException as e:
+            if not self.stop_event.is_set():
+                self.error = e
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def raise_error(self) -> None:
+        """Surface an error of the feeder thread in the learner loop."""
+        if self.error is not None:
+            raise self.error
+
+    def _send_reset(self, g: _Group) -> None:
+        g.writer = None  # a buffer held stays held; the new unroll starts at its row 0
+        g.ref = self.actors.handles[g.actor].reset.remote(g.group)
+        g.sent_at = time.monotonic()
+
+    def _send_unroll(self, g: _Group) -> None:
+        with self._weights_lock:
+            version, ref = self.weights if self.weights is not None else (0, None)
+        send = ref if version != g.version else None
+        g.ref = self.actors.handles[g.actor].unroll.remote(g.group, send, version)
+        g.version = version
+        g.sent_at = time.monotonic()
+
+    def _take_buffer(self, g: _Group) -> bool:
+        if g.buffer >= 0:
+            return True
+        try:
+            g.buffer = self.free_q.get_nowait()
+        except queue.Empty:
+            return False
+        if g.writer is not None:
+            g.writer.begin(self.buffers.view(g.buffer))
+        return True
+
+    def _fail(self, g: _Group, reason: str) -> None:
+        """The group's actor died or hangs: its half-filled unroll is void; ask again after the restart."""
+        self.actors.failed(g.actor, reason)
+        for other in self.groups:
+            if other.actor == g.actor:
+                other.ref = None
+                other.writer = None
+                other.version = -1
+                other.retry_at = time.monotonic() + _RETRY_S
+
+    def _loop(self) -> None:
+        ray = self.ray
+        errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+        if self.central:  # actor mode: unroll calls go out below, once a group has a free buffer
+            for g in self.groups:
+                self._send_reset(g)
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            # groups waiting to be asked again (restarting actor) or for a free buffer
+            for g in self.groups:
+                if g.ref is None and now >= g.retry_at:
+                    if self.central:
+                        if g.writer is None:
+                            self._send_reset(g)
+                    elif self._take_buffer(g):
+                        self._send_unroll(g)
+            inflight = {g.ref: g for g in self.groups if g.ref is not None}
+            if not inflight:
+                self._serve([])
+                time.sleep(0.01)
+                continue
+            with self.timer.stage("batch_wait"):
+                ready = self._gather(list(inflight))
+            answered = []
+            for ref in ready:
+                g = inflight[ref]
+                g.ref = None
+                try:
+                    reply = ray.get(ref)
+                except errors as e:
+                    self._fail(g, f"failed ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+                    continue
+                self.actors.ok(g.actor)
+                self.messages += 1
+                if self.central:
+                    if self._on_step(g, reply):
+                        answered.append(g)
+                else:
+                    self._on_unroll(g, reply)
+            self._serve(answered)
+            now = time.monotonic()
+            for g in self.groups:  # a call outstanding too long: the actor hangs (a starting one gets longer)
+                limit = self.timeout if self.actors.replied[g.actor] else max(self.timeout, START_TIMEOUT_S)
+                if g.ref is not None and now - g.sent_at > limit and g.actor not in self.actors.down:
+                    self.actors.kill(g.actor)
+                    self._fail(g, f"silent for {now - g.sent_at:.1f} s (hung)")
+
+    def _gather(self, refs: list) -> list:
+        """Wait for one reply, take all others already in, then up to max_wait for a fuller batch."""
+        ready, rest = self.ray.wait(refs, num_returns=1, timeout=0.1)
+        if not ready:
+            return []
+        if rest:
+            more, rest = self.ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        if self.max_wait > 0 and rest and len(ready) < self.max_groups:
+            more, _ = self.ray.wait(rest, num_returns=min(len(rest), self.max_groups - len(ready)),
+                                    timeout=self.max_wait)
+            ready += more
+        return ready
+
+    def _on_step(self, g: _Group, reply) -> bool:
+        """A reset's observations or a step's result; True when the group now wants actions."""
+        if isinstance(reply, np.ndarray):  # reset: a fresh start for this group
+            g.writer = UnrollWriter(self.k, reply)
+            if g.buffer >= 0:
+                g.writer.begin(self.buffers.view(g.buffer))
+            return True
+        r, final, report = reply
+        if report is not None:
+            self.stats_q.put(report)
+        self.bytes += sum(x.nbytes for x in r)
+        if final is not None:
+            full_final = np.zeros_like(r.obs)
+            full_final[r.truncated] = final
+            final = full_final
+        if g.writer.record_step(r, final):
+            self.full_q.put(g.buffer)
+            g.buffer = -1
+        return True
+
+    def _on_unroll(self, g: _Group, reply) -> None:
+        arrays, report = reply
+        if report is not None:
+            self.stats_q.put(report)
+        view = self.buffers.view(g.buffer)
+        for name, x in arrays.items():
+            getattr(view, name)[...] = x
+            self.bytes += x.nbytes
+        self.full_q.put(g.buffer)
+        g.buffer = -1
+
+    def _serve(self, answered: list[_Group]) -> None:
+        """One forward pass for every group that has observations and a buffer; send the actions."""
+        if not self.central:
+            return
+        waiting = [g for g in self.groups if g.ref is None and g.writer is not None and g.buffer < 0]
+        want = [g for g in answered if g.buffer >= 0 or self._take_buffer(g)]
+        want += [g for g in waiting if g not in answered and self._take_buffer(g)]
+        while want:
+            batch, want = want[: self.max_groups], want[self.max_groups:]
+            timer = self.timer
+            with timer.stage("h2d"):
+                obs = torch.from_numpy(np.stack([g.writer.obs for g in batch]))
+                obs = obs.reshape(len(batch) * self.k, *obs.shape[2:]).to(self.device, non_blocking=True)
+            with timer.stage("forward"), self.model_lock:
+                actions, logits = self.learner.model.act(obs, self.generator)
+                version = self.learner.updates
+            with timer.stage("d2h"):
+                actions = actions.view(len(batch), self.k, *actions.shape[1:]).cpu().numpy()
+                logits = logits.view(len(batch), self.k, -1).float().cpu().numpy()
+            with timer.stage("send"):
+                for i, g in enumerate(batch):
+                    g.writer.record_action(actions[i], logits[i], version)
+                    g.ref = self.actors.handles[g.actor].step.remote(g.group, actions[i])
+                    g.sent_at = time.monotonic()
+            self.batch_sizes.append(len(batch) * self.k)
+
+
+def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: Session) -> None:
+    """The parallel runner with Ray actors: the learner loop of ``run_parallel`` over Ray-fed buffers."""
+    ray, owned = connect(cfg)
+    k, t = cfg.actors.envs_per_actor, cfg.learner.unroll_length
+    n_buf = cfg.num_buffers
+    buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=False)
+    free_q, full_q, stats_q = queue.Queue(), queue.Queue(), queue.Queue()
+    for i in range(n_buf):
+        free_q.put(i)
+    actors = RayActorSet(ray, cfg)
+    feeder = RayFeeder(ray, cfg, actors, buffers, free_q, full_q, stats_q, learner, session.model_lock)
+    if not feeder.central:
+        feeder.publish(learner.model, learner.updates)
+    session.actor_pool = actors
+    if session.nodes is None:  # (a learner rank past the first keeps NodeReports, sent on to rank 0)
+        session.nodes = NodeStats()
+    feeder.start()
+    nb = cfg.buffers_per_batch
+    try:
+        while not session.done():
+            idx = take_full(session, full_q, nb, feeder.raise_error)
+            batch = buffers.gather(idx)
+            for i in idx:
+                free_q.put(i)
+            stats = learner.train(batch)
+            if not feeder.central:
+                with session.timer.stage("weight_publish"):
+                    feeder.publish(learner.model, learner.updates)
+            feeder.raise_error()
+            _drain(stats_q, session, feeder, full_q, free_q)
+            session.after_update(batch, stats)
+    finally:
+        feeder.stop()
+        feeder.join(timeout=10)
+        _drain(stats_q, session, feeder, full_q, free_q, final=True)
+        session.extra_info["ray"] = {"placement": _placement(ray, actors), "messages": feeder.messages,
+                                     "bytes_received": feeder.bytes}
+        actors.stop()
+        if owned:
+            ray.shutdown()
+
+
+def _placement(ray, actors: RayActorSet) -> list[dict]:
+    out = []
+    for h in actors.handles:
+        try:
+            out.append(ray.get(h.info.remote(), timeout=5))
+        except Exception as e:  # an actor still restarting or gone
+            out.append({"error": type(e).__name__})
+    return out
+
+
+def _drain(stats_q, session: Session, feeder: RayFeeder, full_q, free_q, final: bool = False) -> None:
+    while True:
+        try:
+            rep = stats_q.get_nowait()
+        except queue.Empty:
+            break
+        session.role_snapshot("actor", rep["stages"])
+        session.nodes.add(rep)
+    if feeder.central and (final or feeder.timer.elapsed() > 1.0):
+        session.role_snapshot("inference", feeder.timer.snapshot(reset=True))
+        sizes, feeder.batch_sizes = feeder.batch_sizes, []
+        if sizes:
+            session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))
+            if session.warm:
+                session.batch_sizes.update(sizes)
+    session.extra_scalars["queue/full"] = float(full_q.qsize())
+    session.extra_scalars["queue/free"] = float(free_q.qsize())
+
+
+def take_full(session: Session, full_q, nb: int, while_waiting) -> list[int]:
+    """The next ``nb`` full buffer indices from a queue in this process (the Ray runner's feeder thread
+    fills it); ``while_waiting()`` runs every half second without one."""
+    idx = []
+    with session.timer.stage("wait_data"):
+        while len(idx) < nb:
+            try:
+                idx.append(full_q.get(timeout=0.5))
+            except queue.Empty:
+                while_waiting()
+    return idx

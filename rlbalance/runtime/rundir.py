@@ -1,0 +1,199 @@
+"""The run directory: config used, hardware stamp, metrics, checkpoints, summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from rlbalance.config import Config, from_dict
+from rlbalance.core.errors import ConfigError, DiskWriteError
+from rlbalance.core.jsonio import atomic_write_bytes, atomic_write_json
+
+CHECKPOINT_FORMAT = "rlbalance-checkpoint-v1"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git_commit() -> str:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def _gpus() -> list[dict]:
+    gpus = []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpus.append({
+                "index": i, "name": pynvml.nvmlDeviceGetName(h), "driver": driver,
+                "memory_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total,
+                "power_limit_w": pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
+                "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+            })
+        pynvml.nvmlShutdown()
+    except Exception:  # no NVML library or no GPU: the stamp says so
+        pass
+    return gpus
+
+
+def hardware_stamp() -> dict:
+    import psutil
+
+    versions = {}
+    for pkg in ("rlbalance", "torch", "numpy", "gymnasium", "ale-py", "envpool", "ray", "psutil", "nvidia-ml-py"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "cpu_model": _cpu_model(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "logical_cpus": psutil.cpu_count(logical=True),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "gpus": _gpus(),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": versions,
+        "git_commit": _git_commit(),
+    }
+
+
+class RunDir:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.ckpt_dir = self.path / "checkpoints"
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Own the run directory while this process lives: a second trainer (a --resume of a live run) is
+        refused. The lock is the kernel's (flock), so it dies with its process, kill -9 included."""
+        import fcntl
+
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"run directory {self.path} is in use by a live run (pid {holder}); wait for it to "
+                              "end or stop it (Ctrl-C or kill PID) before resuming it") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the file releases the flock
+            self._lock_fd = None
+
+    @classmethod
+    def create(cls, cfg: Config) -> "RunDir":
+        name = cfg.run.name or f"{cfg.env.id.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+        path = Path(cfg.run.out_dir) / name
+        if (path / "config.json").exists():
+            raise ConfigError(f"run.name={name!r}: run directory {path} already exists; pass --resume {path} to "
+                              "continue it, or choose another run.name")
+        path.mkdir(parents=True, exist_ok=True)
+        rd = cls(path)
+        rd.lock()
+        rd.ckpt_dir.mkdir(exist_ok=True)
+        atomic_write_json(path / "config.json", cfg.to_dict())
+        return rd
+
+    def write_config(self, cfg: Config) -> None:
+        """The config a resumed session actually uses (overrides given on resume included)."""
+        atomic_write_json(self.path / "config.json", cfg.to_dict())
+
+    def write_meta(self, extra: dict) -> int:
+        """meta.json: where and when this session of the run ran; earlier sessions (before a resume) are
+        kept under "previous". Returns this session's index (0 for the first)."""
+        meta = {"hardware": hardware_stamp(), **extra}
+        old = self.path / "meta.json"
+        if old.is_file():
+            prev = json.loads(old.read_text())
+            meta["previous"] = prev.pop("previous", []) + [prev]
+        atomic_write_json(self.path / "meta.json", meta)
+        return len(meta.get("previous", []))
+
+    def read_config(self) -> Config:
+        p = self.path / "config.json"
+        if not p.is_file():
+            raise ConfigError(f"run directory {self.path}: no config.json there; is it an rlbalance run directory?")
+        return from_dict(json.loads(p.read_text()))
+
+    # checkpoints ---------------------------------------------------------------------------
+    def save_checkpoint(self, state: dict, keep: int = 2) -> Path:
+        import io
+
+        state = {"format": CHECKPOINT_FORMAT, **state}
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        path = self.ckpt_dir / f"ckpt-{state['steps']:012d}.pt"
+        try:
+            atomic_write_bytes(path, buf.getvalue())
+        except DiskWriteError as e:
+            last = self.latest_checkpoint()
+            raise DiskWriteError(f"{e}; the last good checkpoint is {last} (resume from it with --resume "
+                                 f"{self.path} once there is space)" if last else
+                                 f"{e}; no checkpoint of this run was written yet") from e
+        atomic_write_bytes(self.ckpt_dir / "latest", path.name.encode())
+        for old in sorted(self.ckpt_dir.glob("ckpt-*.pt"))[:-keep]:
+            old.unlink(missing_ok=True)
+        # a session killed while it wrote (SIGKILL mid-checkpoint) left its temporary file; this run directory has
+        # one writer (its lock), so any left now is such a leftover
+        for stale in self.ckpt_dir.glob("*.tmp"):
+            stale.unlink(missing_ok=True)
+        return path
+
+    def latest_checkpoint(self) -> Path | None:
+        latest = self.ckpt_dir / "latest"
+        if latest.is_file():
+            p = self.ckpt_dir / latest.read_text().strip()
+            if p.is_file():
+                return p
+        found = sorted(self.ckpt_dir.glob("ckpt-*.pt"))
+        return found[-1] if found else None
+
+    def load_checkpoint(self, path: Path | None = None) -> dict:
+        path = path or self.latest_checkpoint()
+        if path is None:
+            raise ConfigError(f"--resume {self.path}: no checkpoint in {self.ckpt_dir}")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ConfigError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); it may be truncated "
+                              "or not an rlbalance checkpoint: delete it to resume from the one before") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise ConfigError(f"checkpoint {path} is not an {CHECKPOINT_FORMAT} file")
+        return state

@@ -1,0 +1,385 @@
+"""What both runners share: metrics, telemetry, checkpoints, progress, stop conditions, the summary."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlbalance.agents import registry
+from rlbalance.agents.base import LearnerBase
+from rlbalance.agents.nets import resolve_model
+from rlbalance.config import Config
+from rlbalance.core.jsonio import atomic_write_json
+from rlbalance.core.timing import StageTimer
+from rlbalance.envs.batch import EnvSpec
+from rlbalance.runtime.rundir import RunDir
+from rlbalance.telemetry.hardware import HardwareSampler, PowerModel
+from rlbalance.telemetry.metrics import EpisodeStats, MetricsLogger, Progress
+from rlbalance.telemetry.verdict import decide
+
+
+def checkpoint_identity(cfg: Config, spec: EnvSpec) -> dict:
+    """What a checkpoint belongs to: written into every checkpoint, checked before one is loaded."""
+    ident = {"env": cfg.env.id, "obs_shape": list(spec.obs_shape), "obs_dtype": str(spec.obs_dtype),
+             "num_actions": spec.num_actions, "action_space": spec.action.describe(),
+             "model": resolve_model(cfg.learner, spec)}
+    return {**ident, **registry.get(cfg.learner.agent).identity(cfg)}
+
+
+class RoleShares:
+    """Cumulative stage seconds per role (after warm-up), and the shares they make of each role's time."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, Counter] = {}
+        self.count: dict[str, Counter] = {}
+        self.wall: Counter = Counter()
+
+    def add(self, role: str, snap: dict) -> None:
+        self.seconds.setdefault(role, Counter()).update(snap["seconds"])
+        self.count.setdefault(role, Counter()).update(snap.get("count", {}))
+        self.wall[role] += snap["wall_s"]
+
+    def with_roles(self, other: "RoleShares", roles) -> "RoleShares":
+        """A copy of these figures with ``roles`` taken from ``other``."""
+        out = RoleShares()
+        for src, rs in ((self, set(self.seconds) - set(roles)), (other, roles)):
+            for r in rs:
+                out.seconds[r], out.count[r], out.wall[r] = Counter(src.seconds[r]), Counter(src.count[r]), src.wall[r]
+        return out
+
+    def mean_ms(self, role: str, stage: str) -> float | None:
+        n = self.count.get(role, {}).get(stage, 0)
+        return 1000.0 * self.seconds[role][stage] / n if n else None
+
+    def shares(self) -> dict[str, dict[str, float]]:
+        return {r: {k: v / max(self.wall[r], 1e-9) for k, v in sec.items()} for r, sec in self.seconds.items()}
+
+
+def update_figures(batch: dict[str, torch.Tensor], stats: dict[str, float], updates: int, timer: StageTimer,
+                   gpu_timer: StageTimer) -> tuple[np.ndarray, np.ndarray, float]:
+    """What one learner update tells a session (rank 0's, or a learner rank's that reports to it): the returns
+    and lengths of the episodes that ended in its batch, its policy lag (updates between the behaviour policy and
+    the one trained); the update's stage times go into ``timer`` and ``gpu_timer``."""
+    end = batch["ep_end"][:-1].numpy()
+    rets, lens = batch["ep_return"][:-1].numpy()[end], batch["ep_length"][:-1].numpy()[end]
+    for k, v in stats.items():  # h2d, fwd_bwd, optim (and any the agent times: a replay's insert, ...)
+        if k.startswith("time_") and k != "time_gpu_train":
+            timer.add(k.removeprefix("time_"), v)
+    if "time_gpu_train" in stats:
+        gpu_timer.add("train", stats["time_gpu_train"])
+    return rets, lens, float(updates - 1 - batch["version"].float().mean())
+
+
+def _timed(warm: RoleShares | None, whole: RoleShares | None) -> tuple[RoleShares, bool]:
+    """(The figures to report, whether they are the after-warm-up ones): those after warm-up where the learner has
+    timed stages there, else the whole run's (a run about as short as the warm-up may have only a stage-less last
+    report after it); a role that reported only before the warm-up keeps its whole-run figures."""
+    whole = whole if whole is not None else RoleShares()
+    if warm is None or sum(warm.seconds.get("learner", {}).values()) <= 0:
+        return whole, False
+    missing = set(whole.seconds) - set(warm.seconds)
+    return (warm.with_roles(whole, missing) if missing else warm), True
+
+
+STRAGGLER_GAP = 0.15  # a learner rank waiting for its actors' data this much more of its time than the others
+
+
+def straggling_rank(ranks: dict[str, dict]) -> dict | None:
+    """The learner rank that holds the others back, where one does: in lockstep training every rank waits at each
+    all-reduce for the slowest, so the rank whose own actors keep it waiting for data far longer than the others
+    wait for theirs is the straggler (its actors or env are slower, or have fewer cores)."""
+    waits = {r: v["stage_shares"].get("learner", {}).get("wait_data") for r, v in ranks.items()}
+    waits = {r: w for r, w in waits.items() if w is not None}
+    if len(waits) < 2:
+        return None
+    slow = max(waits, key=waits.get)
+    others = [w for r, w in waits.items() if r != slow]
+    if waits[slow] - max(others) < STRAGGLER_GAP:
+        return None
+    return {"rank": int(slow), "wait_data": waits[slow], "others_wait_data": max(others),
+            "evidence": f"learner rank {slow} waits for its actors' data {waits[slow]:.0%} of its time against at "
+                        f"most {max(others):.0%} for the other ranks: it straggles, and every all-reduce waits for it "
+                        f"(give its actors more cores, or check its node)"}
+
+
+class Session:
+    def __init__(self, cfg: Config, run: RunDir, learner: LearnerBase, spec: EnvSpec, episodes: EpisodeStats,
+                 model_lock: threading.Lock, session_index: int = 0):
+        self.cfg, self.run, self.learner, self.spec, self.episodes = cfg, run, learner, spec, episodes
+        self.model_lock = model_lock
+        tc = cfg.telemetry
+        wandb = None
+        if tc.wandb != "off":
+            wandb = {"mode": tc.wandb, "project": tc.wandb_project, "config": cfg.to_dict()}
+        self.logger = MetricsLogger(run.path, tc.tensorboard, spec.frames_per_step, tc.warmup_s,
+                                    start_steps=learner.steps, session=session_index, wandb=wandb)
+        self.progress = Progress(cfg.run.total_steps, tc.progress, start=learner.steps)
+        self.timer = StageTimer(tc.stage_timers)  # the learner role's own stages
+        self.gpu_timer = StageTimer()  # device busy time (CUDA events) of training and inference
+        self.start_steps = learner.steps
+        self.t_start = time.perf_counter()
+        self.last_log = self.last_ckpt = self.t_start
+        # A short run still gets a curve: a record every 1% of run.total_steps too (at most ~100 more records).
+        self.last_log_steps, self.log_every_steps = learner.steps, cfg.run.total_steps / 100
+        self.last_train: dict[str, float] = {}
+        self.policy_lag: list[float] = []
+        self.lag_total, self.lag_count = 0.0, 0
+        self.window: dict[str, dict] = {}  # the latest stage snapshot of each role
+        self.cumulative = RoleShares()  # after warm-up
+        self.cumulative_all = RoleShares()  # the whole run, for runs shorter than the warm-up
+        self.batch_sizes: Counter = Counter()
+        self.extra_scalars: dict[str, float] = {}
+        self.verdicts: list[dict] = []
+        self._shown_fps, self._shown_steps = 0.0, learner.steps  # what the progress bar shows
+        self.actor_pool = None  # set by the parallel runner: restarts and lost actor-seconds
+        self.nodes = None  # set by the Ray runner: per-node CPU figures reported by the actors
+        self.extra_info: dict[str, object] = {}  # runner facts for telemetry.json and the summary
+        self.ranks = None  # learner ranks 1..N-1 (ddp_runner.Ranks) where learner.data_parallel=ddp
+        self.rank_shares: dict[int, RoleShares] = {}  # each learner rank's roles, after warm-up
+        self.rank_shares_all: dict[int, RoleShares] = {}  # ... and over the whole run (for runs shorter than it)
+        self.rank_batch_sizes: dict[int, Counter] = {}  # ranks 1..N-1's inference batch sizes
+        self.rank_actor_faults: dict[int, dict] = {}  # ranks 1..N-1's actor restarts and lost actor-seconds
+        self.sampler = None
+        if tc.hardware_interval_s > 0:
+            self.sampler = HardwareSampler(tc.hardware_interval_s, PowerModel(
+                tc.cpu_watts_per_core, tc.cpu_idle_watts, tc.gpu_idle_watts, tc.gpu_busy_watts, tc.base_watts))
+            self.sampler.start()
+
+    @property
+    def warm(self) -> bool:
+        """Past warm-up, counted from the first update (actor start-up is not steady state)."""
+        first = self.logger.first_t
+        return first is not None and time.perf_counter() - first >= self.cfg.telemetry.warmup_s
+
+    def done(self) -> bool:
+        if self.ranks is None:
+            return self._done()
+        return self.ranks.done(self, self._done())  # every learner rank stops at the same update
+
+    def _done(self) -> bool:
+        if self.learner.steps >= self.cfg.run.total_steps:
+            return True
+        first = self.logger.first_t  # run.max_seconds counts training time, from the first update
+        return bool(self.cfg.run.max_seconds) and first is not None and \
+            time.perf_counter() - first >= self.cfg.run.max_seconds
+
+    def role_snapshot(self, role: str, snap: dict, rank: int = 0) -> None:
+        """Stage times reported by a role (actors, inference server) since its last report; ``rank``: the learner
+        rank whose role it is (learner.data_parallel=ddp; its figures are kept apart as well)."""
+        if self.ranks is not None and self.warm:
+            self.rank_shares.setdefault(rank, RoleShares()).add(role, snap)
+        if self.ranks is not None:
+            self.rank_shares_all.setdefault(rank, RoleShares()).add(role, snap)
+        if role in self.window and self.window[role] is not snap:
+            prev = self.window[role]
+            merged = {"wall_s": prev["wall_s"] + snap["wall_s"],
+                      "seconds": dict(Counter(prev["seconds"]) + Counter(snap["seconds"])),
+                      "count": dict(Counter(prev.get("count", {})) + Counter(snap.get("count", {})))}
+            self.window[role] = merged
+        else:
+            self.window[role] = snap
+        self.cumulative_all.add(role, snap)
+        if self.warm:
+            self.cumulative.add(role, snap)
+
+    def after_update(self, batch: dict[str, torch.Tensor], train_stats: dict[str, float]) -> None:
+        rets, lens, lag = update_figures(batch, train_stats, self.learner.updates, self.timer, self.gpu_timer)
+        self.episodes.add_from_batch(rets, lens, np.ones(len(rets), dtype=bool))
+        self.note_lag(lag)
+        self.last_train = train_stats
+        self.logger.note_steps(self.learner.steps)
+        now = time.perf_counter()
+        if now - self.last_log >= self.cfg.telemetry.log_interval_s or (
+                self.learner.steps - self.last_log_steps >= self.log_every_steps):
+            self.log(now)
+        if now - self.last_ckpt >= self.cfg.run.checkpoint_interval_s:
+            self.checkpoint()
+
+    def note_lag(self, lag: float) -> None:
+        """The policy lag of one batch (updates between the behaviour policy and the one trained)."""
+        self.policy_lag.append(lag)
+        if self.warm:
+            self.lag_total += lag
+            self.lag_count += 1
+
+    def log(self, now: float | None = None) -> dict:
+        now = now or time.perf_counter()
+        steps = self.learner.steps
+        scalars = {f"loss/{k}": v for k, v in self.last_train.items() if not k.startswith("time_")}
+        scalars.update({
+            "episode_return": self.episodes.mean_return(), "episode_length": self.episodes.mean_length(),
+            "episodes": self.episodes.count, "updates": self.learner.updates,
+            "policy_lag": float(np.mean(self.policy_lag)) if self.policy_lag else math.nan,
+        })
+        scalars.update(self.learner.scalars())
+        self.role_snapshot("learner", self.timer.snapshot(reset=True))
+        if self.gpu_timer.total:  # shares of the GPU: its busy fraction for training and for inference
+            self.role_snapshot("gpu", self.gpu_timer.snapshot(reset=True))
+        window_shares = {role: StageTimer.shares(snap) for role, snap in self.window.items()}
+        for role, sh in window_shares.items():
+            scalars.update({f"{role}/share_{k}": v for k, v in sh.items()})
+        self.window.clear()
+        scalars.update(self.extra_scalars)
+        if self.nodes is not None:
+            scalars.update(self.nodes.scalars())
+        if self.actor_pool is not None:
+            scalars["actors/restarts"] = self.actor_pool.restarts
+            scalars["actors/lost_seconds"] = self.actor_pool.pending_lost_seconds()
+        if self.sampler is not None and self.sampler.samples:
+            s = self.sampler.samples[-1]
+            scalars["hw/cpu_util"] = float(np.mean(s.cpu_per_core))
+            scalars.update({f"hw/cpu_cores_{role}": v for role, v in s.proc_cpu.items()})
+            scalars["hw/cpu_power_w"] = s.cpu_power_w
+            scalars["hw/gpu_power_w"] = s.gpu_power_w
+            for i, g in enumerate(s.gpus):
+                scalars[f"hw/gpu{i}_util"] = g["util"]
+        v = decide(window_shares, self.cfg.inference.mode == "central")
+        scalars["verdict"] = v["verdict"]
+        self.verdicts.append({"steps": steps, "verdict": v["verdict"]})
+        self.policy_lag.clear()
+        rec = self.logger.log(steps, scalars)
+        if steps > self._shown_steps:  # a record with no new steps (the final one) keeps the FPS shown
+            self._shown_fps, self._shown_steps = rec["fps"], steps
+        self.progress.update(steps, self._shown_fps, scalars["episode_return"])
+        self.last_log, self.last_log_steps = now, steps
+        return rec
+
+    def checkpoint(self) -> Path:
+        self.last_ckpt = time.perf_counter()
+        state = self.learner.state_dict()
+        state.update(episodes_returns=list(self.episodes.returns), episodes_lengths=list(self.episodes.lengths),
+                     episodes_count=self.episodes.count, episodes_best_mean=self.episodes.best_mean,
+                     torch_rng=torch.get_rng_state(), identity=checkpoint_identity(self.cfg, self.spec))
+        return self.run.save_checkpoint(state)
+
+    def telemetry(self) -> dict:
+        hw = self.sampler.summary() if self.sampler is not None else {}
+        cum, warm = _timed(self.cumulative, self.cumulative_all)
+        shares = cum.shares()
+        machine = {"gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                   "learner_device": str(self.learner.device)}
+        verdict = decide(shares, self.cfg.inference.mode == "central", hw, machine)
+        verdict["window"] = "after warm-up" if warm else "whole run (shorter than telemetry.warmup_s)"
+        sps = self.logger.sustained_sps(self.learner.steps)
+        latencies = {"actor_request_latency_ms": cum.mean_ms("actor", "wait_action"),
+                     "inference_forward_ms": cum.mean_ms("inference", "forward"),
+                     "learner_update_ms": (cum.mean_ms("learner", "fwd_bwd") or 0) + (cum.mean_ms("learner", "optim") or 0)}
+        transport = {"bytes_per_step": self.transport_bytes_per_step(), "source": "derived from buffer sizes and "
+                     "counted steps"}
+        transport["bytes_per_s"] = transport["bytes_per_step"] * sps
+        if self.ranks is not None:
+            self.extra_info["learner_ranks"] = self.rank_figures()
+            straggler = straggling_rank(self.extra_info["learner_ranks"])
+            if straggler:
+                verdict["straggler"] = straggler
+                verdict["evidence"] += "; " + straggler["evidence"]
+        self.extra_info.update(self.learner.figures())  # the agent's own figures (a replay's, ...)
+        self.learner.annotate_verdict(verdict)  # and what the verdict means for it
+        return {"stage_shares": shares, "hardware": hw, "verdict": verdict, "latency_ms": latencies,
+                "transport": transport,
+                "verdict_timeline": self.verdicts,
+                "nodes": self.nodes.summary() if self.nodes is not None else {},
+                **self.extra_info,
+                "inference_batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+                "hardware_timeline": self.sampler.timeline() if self.sampler is not None else []}
+
+    def rank_figures(self) -> dict[str, dict]:
+        """Each learner rank's stage shares and inference batch sizes (learner.data_parallel=ddp)."""
+        others = Counter()
+        for c in self.rank_batch_sizes.values():
+            others.update(c)
+        sizes = {0: self.batch_sizes - others, **self.rank_batch_sizes}
+        out = {}
+        for r in range(self.cfg.learner.devices):
+            b = sizes.get(r, Counter())
+            n = sum(b.values())
+            faults = self.rank_actor_faults.get(r) or (
+                {"actor_restarts": self.actor_pool.restarts,
+                 "actor_seconds_lost": self.actor_pool.pending_lost_seconds()} if r == 0 and self.actor_pool else {})
+            shares, _ = _timed(self.rank_shares.get(r), self.rank_shares_all.get(r))
+            out[str(r)] = {"stage_shares": shares.shares(),
+                           "inference_batch_mean": sum(k * v for k, v in b.items()) / n if n else None,
+                           "inference_batch_sizes": {str(k): v for k, v in sorted(b.items())}, **faults}
+        return out
+
+    def transport_bytes_per_step(self) -> int:
+        """Bytes moved through shared memory per env step: the actor's unroll-buffer row, the learner's
+        copy of it into a batch and, with central inference, the step slot's obs, action and logits."""
+        obs = int(np.prod(self.spec.obs_shape)) * (1 if self.spec.obs_dtype == np.uint8 else 4)
+        logits = 4 * self.spec.num_actions
+        row = obs + 8 + logits + 4 + 1 + 1 + 1 + 4 + 8  # obs, action, logits, reward, flags, return, length
+        slot = obs + 8 + logits + 8 if self.cfg.inference.mode == "central" else 0
+        return 2 * row + slot
+
+    def fail(self, error: BaseException) -> None:
+        """Training stopped on an error: close up and write summary.json (outcome 'failed', the error, the last
+        good checkpoint) without writing a new checkpoint."""
+        self.progress.close()
+        if self.sampler is not None:
+            self.sampler.stop()
+        try:
+            last = self.run.latest_checkpoint()
+            summary = {"outcome": "failed", "error": f"{type(error).__name__}: {error}", "env": self.cfg.env.id,
+                       "preset": self.cfg.run.preset, "steps": self.learner.steps,
+                       "frames": self.learner.steps * self.spec.frames_per_step, "updates": self.learner.updates,
+                       "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
+                       "last_good_checkpoint": str(last) if last else None, "run_dir": str(self.run.path),
+                       "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            atomic_write_json(self.run.path / "summary.json", summary)
+            self.logger.close(summary)
+        except Exception:  # a full disk must not hide the error that stopped training
+            pass
+
+    def finish(self, outcome: str) -> dict:
+        self.log()
+        ckpt = self.checkpoint()
+        self.progress.close()
+        if self.sampler is not None:
+            self.sampler.stop()
+        tel = self.telemetry()
+        atomic_write_json(self.run.path / "telemetry.json", tel)
+        steps = self.learner.steps
+        wall = time.perf_counter() - self.t_start
+        sps = self.logger.sustained_sps(steps)
+        hw = tel["hardware"]
+        summary = {
+            "outcome": outcome, "env": self.cfg.env.id, "preset": self.cfg.run.preset, "mode": self.cfg.run.mode,
+            "inference": self.cfg.inference.mode, "model": resolve_model(self.cfg.learner, self.spec),
+            "action_space": self.spec.action.describe(), "device": str(self.learner.device), "steps": steps, "frames": steps * self.spec.frames_per_step,
+            "updates": self.learner.updates, "wall_s": wall,
+            "sps_sustained": sps, "fps_sustained": sps * self.spec.frames_per_step,
+            "sps_overall": (steps - self.start_steps) / max(wall, 1e-9),
+            "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
+            "episode_return_best100": self.episodes.best_mean,
+            "policy_lag_mean": self.lag_total / self.lag_count if self.lag_count else None,
+            "actor_restarts": self.actor_pool.restarts if self.actor_pool else 0,
+            "actor_seconds_lost": self.actor_pool.pending_lost_seconds() if self.actor_pool else 0.0,
+            "actor_faults": self.actor_pool.events if self.actor_pool else [],
+            "verdict": tel["verdict"]["verdict"], "verdict_evidence": tel["verdict"]["evidence"],
+            "verdict_advice": tel["verdict"]["advice"], "stage_shares": tel["stage_shares"],
+            "node_power_w": hw.get("node_power_w"), "cpu_util_mean": hw.get("cpu_util_mean"),
+            "checkpoint": str(ckpt), "run_dir": str(self.run.path),
+            "actors_on": "ray" if self.cfg.ray.enabled else "local processes", "agent": self.cfg.learner.agent,
+            **{k: tel[k] for k in self.learner.figures()},  # the agent's own figures
+            "nodes": tel["nodes"],
+            **({"learner_ranks": {r: {"inference_batch_mean": v["inference_batch_mean"],
+                                      "stage_shares": v["stage_shares"]} for r, v in tel["learner_ranks"].items()}}
+               if "learner_ranks" in tel else {}),
+            "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if summary["node_power_w"]:
+            p = summary["node_power_w"]
+            summary["fps_per_watt"] = {"value": summary["fps_sustained"] / max(p["value"], 1e-9), "source": p["source"]}
+        atomic_write_json(self.run.path / "summary.json", summary)
+        self.logger.close(summary)
+        if self.cfg.telemetry.report:
+            from rlbalance.telemetry.report import write_report
+
+            write_report(self.run.path)
+        return summary

@@ -1,0 +1,61 @@
+"""The agent interface (issue 28): an agent that lives only in tests/ (toy_agents.Reinforce) trains through every
+runner by its name, with nothing of rlbalance changed for it; and the registry's refusals name the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlbalance import config as C
+from rlbalance.agents import registry
+from rlbalance.agents.base import Agent
+from rlbalance.runtime.train import train
+
+TOY = "toy_agents:Reinforce"
+
+
+def _toy(cfg_factory, name, **sections):
+    return cfg_factory(**C.merge({"learner": {"agent": TOY, "learning_rate": 1e-3, "batch_size": 8},
+                                  "actors": {"num_actors": 2, "envs_per_actor": 4},
+                                  "run": {"total_steps": 6_000, "name": name},
+                                  "telemetry": {"tensorboard": False, "report": False}}, sections))
+
+
+def _check_trained(s: dict) -> None:
+    assert s["outcome"] == "completed" and s["agent"] == TOY
+    assert s["steps"] >= 6_000 and s["updates"] >= 6_000 // (20 * 8)
+    tel = json.loads((Path(s["run_dir"]) / "telemetry.json").read_text())
+    # what the actors recorded is what the net gave at those weights (one net, one interface, on every path)
+    assert tel["toy"]["updates"] == s["updates"] and tel["toy"]["max_logit_gap"] < 1e-4
+    ckpt = registry.get(TOY)  # the registry now holds it by that name
+    assert isinstance(ckpt, Agent) and ckpt.name == "reinforce"
+
+
+@pytest.mark.parametrize("mode,inference", [("serial", "central"), ("serial", "actor"),
+                                            ("parallel", "central"), ("parallel", "actor")])
+def test_a_test_agent_trains_on_the_local_runners(cfg_factory, mode, inference):
+    _check_trained(train(_toy(cfg_factory, f"toy-{mode}-{inference}", run={"mode": mode},
+                              inference={"mode": inference})))
+
+
+def test_a_test_agent_trains_with_ray_actors(cfg_factory):
+    pytest.importorskip("ray")
+    _check_trained(train(_toy(cfg_factory, "toy-ray", ray={"address": "local", "num_cpus": 2})))
+
+
+def test_a_test_agent_resumes(cfg_factory):
+    s = train(_toy(cfg_factory, "toy-resume", run={"mode": "serial", "total_steps": 3_000}))
+    cfg = _toy(cfg_factory, "toy-resume", run={"mode": "serial", "total_steps": 6_000})
+    s2 = train(cfg, resume=s["run_dir"])
+    assert s2["outcome"] == "completed" and s2["steps"] >= 6_000 and s2["updates"] > s["updates"]
+
+
+def test_an_unknown_agent_is_refused_naming_the_field(cfg_factory):
+    with pytest.raises(C.ConfigError, match="learner.agent"):
+        C.build({"learner": {"agent": "ppo"}})
+    with pytest.raises(C.ConfigError, match="learner.agent='nosuchmodule:Agent': cannot import"):
+        registry.get("nosuchmodule:Agent")
+    with pytest.raises(C.ConfigError, match="is not an rlbalance Agent"):
+        registry.get("toy_agents:PolicyNet")
