@@ -367,8 +367,6 @@ def _r2d2_cfg(cfg_factory, **sections):
 def test_r2d2_config_is_checked_before_anything_starts(cfg_factory):
     from rlbalance.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="inference.mode"):
-        _r2d2_cfg(cfg_factory, inference={"mode": "actor"})
     with pytest.raises(ConfigError, match=r"r2d2.sequence_length=25 .*multiple of learner.unroll_length=10"):
         _r2d2_cfg(cfg_factory, r2d2={"sequence_length": 25})
     with pytest.raises(ConfigError, match="r2d2.learning_starts"):

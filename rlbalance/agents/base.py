@@ -26,6 +26,25 @@ import torch
 from torch import nn
 
 
+def learning_rate(lc, steps: int, total_steps: int, world: int = 1) -> float:
+    """The learning rate after ``steps`` env steps of ``total_steps`` (learner.lr_schedule), scaled for ``world``
+    learner processes (learner.lr_scaling): every agent's optimizer follows it."""
+    lr = lc.learning_rate * {"none": 1.0, "linear": float(world), "sqrt": world ** 0.5}[lc.lr_scaling]
+    if lc.lr_schedule == "constant":
+        return lr
+    return lr * max(0.0, 1.0 - steps / total_steps)
+
+
+def shape_rewards(reward: torch.Tensor, lc) -> torch.Tensor:
+    """Rewards as the learner takes them: times learner.reward_scale, then clipped to +-learner.reward_clip (0: not
+    clipped). The same tensor where neither applies."""
+    if lc.reward_scale != 1.0:
+        reward = reward * lc.reward_scale
+    if lc.reward_clip:
+        reward = reward.clamp(-lc.reward_clip, lc.reward_clip)
+    return reward
+
+
 class LearnerBase:
     """What every agent's learner offers the runtime besides ``train``: defaults for the optional parts.
 

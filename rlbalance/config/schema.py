@@ -70,10 +70,6 @@ class Config:
         if self.inference.max_batch:
             _require(self.inference.max_batch >= k, "inference.max_batch", self.inference.max_batch,
                      f"must be 0 or >= actors.envs_per_actor={k} (one actor's envs go in one forward pass)")
-        if self.learner.core != "none":
-            _require(not self.ray.enabled, "learner.core", self.learner.core,
-                     "recurrent policies run with local actor processes or run.mode=serial (Ray actors do not carry "
-                     "core states yet): drop ray.address, or use learner.core=none")
         if self.learner.agent == "r2d2":
             self._check_r2d2()
         n = self.learner.devices
@@ -101,12 +97,6 @@ class Config:
                  "rows of every period never get a target")
         _require(not self.learner.normalize_observations, "learner.normalize_observations",
                  self.learner.normalize_observations, "is not supported with learner.agent=r2d2: set it to false")
-        _require(self.inference.mode == "central", "inference.mode", self.inference.mode,
-                 "learner.agent=r2d2 acts through the central inference server (SEED's way): use inference.mode=central")
-        _require(not self.ray.enabled, "ray.address", self.ray.address,
-                 "learner.agent=r2d2 runs with local actor processes or run.mode=serial: drop ray.address")
-        _require(self.learner.devices == 1, "learner.devices", self.learner.devices,
-                 "learner.agent=r2d2 trains on one learner device: use learner.devices=1")
 
     @property
     def ddp(self) -> bool:

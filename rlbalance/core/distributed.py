@@ -66,3 +66,17 @@ def global_moments(x: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
     mean = (packed[1:1 + size] / n).reshape(x.shape[1:])
     var = (packed[1 + size:] / n).reshape(x.shape[1:]) - mean.pow(2)
     return float(n), mean, var.clamp_min(0.0)
+
+
+def all_max(value: float, device: torch.device | str = "cpu") -> float:
+    """The largest of ``value`` over every rank (``value`` itself without a process group)."""
+    if world_size() == 1:
+        return float(value)
+    t = torch.tensor([float(value)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def all_min(value: float, device: torch.device | str = "cpu") -> float:
+    """The smallest of ``value`` over every rank."""
+    return -all_max(-value, device)

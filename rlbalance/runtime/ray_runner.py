@@ -31,11 +31,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from rlbalance.agents import registry
 from rlbalance.agents.base import LearnerBase
 from rlbalance.config import Config
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
-from rlbalance.runtime.actor import UnrollWriter
+from rlbalance.runtime.actor import UnrollWriter, exploration, net_step, unroll_base
 from rlbalance.runtime.actor_pool import START_TIMEOUT_S
 from rlbalance.runtime.buffers import RolloutBuffers
 from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect, worker_class
@@ -53,7 +54,9 @@ class _Group:
 
     actor: int
     group: int
+    client: int = 0  # actor * env_groups + group: the env group's place in the run (its exploration values, ...)
     writer: UnrollWriter | None = None
+    lives: int = 0  # writers begun: each restart of the group numbers its unrolls from a new base
     buffer: int = -1  # index of the buffer being filled, -1 when waiting for one
     ref: object = None
     sent_at: float = 0.0
@@ -132,7 +135,7 @@ class RayFeeder(threading.Thread):
         self.learner, self.model_lock = learner, model_lock
         self.central = cfg.inference.mode == "central"
         g = cfg.actors.env_groups
-        self.groups = [_Group(a, j) for a in range(cfg.actors.num_actors) for j in range(g)]
+        self.groups = [_Group(a, j, a * g + j) for a in range(cfg.actors.num_actors) for j in range(g)]
         self.k = cfg.actors.envs_per_actor
         mb = cfg.inference.max_batch
         self.max_groups = max(1, mb // self.k) if mb else len(self.groups)
@@ -145,6 +148,13 @@ class RayFeeder(threading.Thread):
         device = learner.device
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(cfg.run.seed)
+        # central inference: each env's exploration values and, for a recurrent policy, its core state on the device
+        self.explore = exploration(cfg, device)
+        self.state = None
+        if getattr(learner.model, "recurrent", False):
+            with torch.inference_mode():
+                self.state = learner.model.initial_state(len(self.groups) * self.k, device).view(len(self.groups),
+                                                                                                 self.k, -1)
         self.torch_threads = torch.get_num_threads()
         self.weights: tuple[int, object] | None = None  # actor mode: (version, object ref of flat params)
         self._weights_lock = threading.Lock()
@@ -274,7 +284,8 @@ class RayFeeder(threading.Thread):
     def _on_step(self, g: _Group, reply) -> bool:
         """A reset's observations or a step's result; True when the group now wants actions."""
         if isinstance(reply, np.ndarray):  # reset: a fresh start for this group
-            g.writer = UnrollWriter(self.k, reply)
+            g.writer = UnrollWriter(self.k, reply, g.client, unroll_base(g.lives))
+            g.lives += 1
             if g.buffer >= 0:
                 g.writer.begin(self.buffers.view(g.buffer))
             return True
@@ -312,18 +323,27 @@ class RayFeeder(threading.Thread):
         while want:
             batch, want = want[: self.max_groups], want[self.max_groups:]
             timer = self.timer
+            n = len(batch) * self.k
             with timer.stage("h2d"):
                 obs = torch.from_numpy(np.stack([g.writer.obs for g in batch]))
-                obs = obs.reshape(len(batch) * self.k, *obs.shape[2:]).to(self.device, non_blocking=True)
-            with timer.stage("forward"), self.model_lock:
-                actions, logits = self.learner.model.act(obs, self.generator)
+                obs = obs.reshape(n, *obs.shape[2:]).to(self.device, non_blocking=True)
+                first = torch.from_numpy(np.concatenate([g.writer.first for g in batch])).to(self.device)
+                idx = torch.tensor([g.client for g in batch], device=self.device)
+            with timer.stage("forward"), self.model_lock, torch.inference_mode():
+                explore = None if self.explore is None else self.explore[idx].reshape(-1)
+                state = None if self.state is None else self.state[idx].reshape(n, -1)
+                actions, logits, core_in, state = net_step(self.learner.model, obs, state, first, self.generator,
+                                                           explore)
+                if state is not None:
+                    self.state[idx] = state.view(len(batch), self.k, -1)
                 version = self.learner.updates
             with timer.stage("d2h"):
                 actions = actions.view(len(batch), self.k, *actions.shape[1:]).cpu().numpy()
                 logits = logits.view(len(batch), self.k, -1).float().cpu().numpy()
+                core_in = None if core_in is None else core_in.view(len(batch), self.k, -1).cpu().numpy()
             with timer.stage("send"):
                 for i, g in enumerate(batch):
-                    g.writer.record_action(actions[i], logits[i], version)
+                    g.writer.record_action(actions[i], logits[i], version, None if core_in is None else core_in[i])
                     g.ref = self.actors.handles[g.actor].step.remote(g.group, actions[i])
                     g.sent_at = time.monotonic()
             self.batch_sizes.append(len(batch) * self.k)
@@ -334,7 +354,8 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: Session) 
     ray, owned = connect(cfg)
     k, t = cfg.actors.envs_per_actor, cfg.learner.unroll_length
     n_buf = cfg.num_buffers
-    buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=False)
+    buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=False,
+                                      core_size=registry.core_state_size(cfg.learner, spec))
     free_q, full_q, stats_q = queue.Queue(), queue.Queue(), queue.Queue()
     for i in range(n_buf):
         free_q.put(i)

@@ -12,10 +12,11 @@ from dataclasses import fields
 import numpy as np
 import torch
 
+from rlbalance.agents import registry
 from rlbalance.config import Config
 from rlbalance.core.errors import ConfigError
 from rlbalance.core.timing import StageTimer
-from rlbalance.runtime.actor import client_seed
+from rlbalance.runtime.actor import DirectPolicy, Rollout, client_seed, exploration, unroll_base
 from rlbalance.runtime.buffers import RolloutBuffers
 
 _RETRY_S = 0.5  # how often a restarting actor is asked again
@@ -86,6 +87,7 @@ class EnvWorker:
             warnings.simplefilter("ignore")
             self.restarted = bool(ctx.was_current_actor_reconstructed)
         life = (os.getpid() % 997 + 1) if self.restarted else 0
+        self.life = life
         g = cfg.actors.env_groups
         clients = [actor_id * g + i for i in range(g)]
         try:
@@ -125,25 +127,23 @@ class EnvWorker:
 
     def unroll(self, group: int, weights, version: int):
         """Actor-side inference: T steps with the local policy; the whole unroll comes back."""
-        from rlbalance.agents.registry import build_model
-        from rlbalance.runtime.actor import DirectPolicy, Rollout
-
         t_in = time.perf_counter()
         if hasattr(self, "_t_out"):
             self.timer.add("wait_buffer", t_in - self._t_out)
         if self.local is None:
             cfg = self.cfg
-            model = build_model(cfg.learner, self.envs[0].spec)
+            spec = self.envs[0].spec
+            model = registry.build_model(cfg.learner, spec)
             gen = torch.Generator().manual_seed(client_seed(cfg, self.actor_id * cfg.actors.env_groups) + 1)
             state = {"version": 0}
-
-            def act(obs):
-                a, lg = model.act(torch.from_numpy(obs), gen)
-                return a.numpy(), lg.numpy()
-
-            rollouts = [Rollout(e, DirectPolicy(act, lambda: state["version"]), self.timer) for e in self.envs]
-            bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, cfg.actors.envs_per_actor,
-                                           self.envs[0].spec, shared=False)
+            explore = exploration(cfg)
+            k, g = cfg.actors.envs_per_actor, cfg.actors.env_groups
+            clients = [self.actor_id * g + i for i in range(g)]
+            rollouts = [Rollout(e, DirectPolicy(model, k, gen, lambda: state["version"],
+                                                None if explore is None else explore[c]),
+                                self.timer, c, unroll_base(self.life)) for e, c in zip(self.envs, clients)]
+            bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, spec, shared=False,
+                                           core_size=registry.core_state_size(cfg.learner, spec))
             self.local = (model, rollouts, bufs, state)
         model, rollouts, bufs, state = self.local
         if weights is not None:

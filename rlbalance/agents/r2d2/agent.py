@@ -10,12 +10,14 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from rlbalance.agents.base import Agent, LearnerBase
+from rlbalance.agents.base import Agent, LearnerBase, learning_rate, shape_rewards
 from rlbalance.agents.nets import check_cnn_shape, resolve_model
 from rlbalance.agents.r2d2.algo import env_epsilons
 from rlbalance.agents.r2d2.learner import R2D2Learner, R2D2Settings
 from rlbalance.agents.r2d2.net import R2D2Net
 from rlbalance.agents.r2d2.replay import SequenceAssembler, SequenceReplay
+from rlbalance.core.distributed import all_min
+from rlbalance.core.distributed import world_size as dist_world_size
 from rlbalance.core.errors import ConfigError
 from rlbalance.telemetry.metrics import EpisodeStats
 
@@ -28,7 +30,12 @@ class R2D2Agent(LearnerBase):
     samples until the replay ratio asked for (r2d2.replay_ratio sequences sampled per sequence inserted, counted
     from r2d2.learning_starts) is met. The learner takes its next batch of unrolls only after those steps, so where
     it is slower the actors run out of free buffers and wait: the ratio holds and what it costs shows up as a
-    learner-bound run."""
+    learner-bound run.
+
+    With several learner processes (learner.devices > 1) each rank keeps a replay of its own actors' sequences (no
+    sequence crosses processes: nothing but gradients and two counts per step do) and all take as many gradient steps,
+    the fewest any rank's replay ratio asks for, with the gradients averaged at each (DistributedDataParallel): one
+    step is learner.devices x r2d2.batch_size sequences, and the ratio holds per rank."""
 
     def __init__(self, model: R2D2Net, cfg, device: torch.device, obs_shape: tuple[int, ...], obs_dtype,
                  step_lock=None, distributed: bool = False):
@@ -38,7 +45,8 @@ class R2D2Agent(LearnerBase):
                                 learning_rate=lc.learning_rate, adam_eps=lc.adam_eps, max_grad_norm=lc.max_grad_norm,
                                 target_update_every=r.target_update_every, priority_eta=r.priority_eta,
                                 rescale_eps=r.rescale_eps)
-        self.algo = R2D2Learner(model, settings, device, step_lock)
+        self.world = dist_world_size() if distributed else 1
+        self.algo = R2D2Learner(model, settings, device, step_lock, distributed=distributed)
         self.model, self.device, self.optimizer = self.algo.net, self.algo.device, self.algo.optimizer
         units = (r.burn_in + r.sequence_length) // lc.unroll_length
         self.assembler = SequenceAssembler(units)
@@ -58,19 +66,11 @@ class R2D2Agent(LearnerBase):
         return self.algo.updates
 
     def lr_now(self) -> float:
-        lr = self.algo.s.learning_rate
-        if self.cfg.learner.lr_schedule == "constant":
-            return lr
-        return lr * max(0.0, 1.0 - self.steps / self.cfg.run.total_steps)
+        return learning_rate(self.cfg.learner, self.steps, self.cfg.run.total_steps, self.world)
 
     def _rewards(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        lc = self.cfg.learner
-        if lc.reward_scale == 1.0 and not lc.reward_clip:
-            return batch
-        r = batch["reward"] * lc.reward_scale
-        if lc.reward_clip:
-            r = r.clamp(-lc.reward_clip, lc.reward_clip)
-        return {**batch, "reward": r}
+        reward = shape_rewards(batch["reward"], self.cfg.learner)
+        return batch if reward is batch["reward"] else {**batch, "reward": reward}
 
     def sample_sequences(self, batch_size: int | None = None) -> dict[str, torch.Tensor]:
         """A batch of sequences shaped as the replay gives them (zeros where the replay is still empty): what a
@@ -100,10 +100,17 @@ class R2D2Agent(LearnerBase):
         out = self.algo.train(seq, weights)
         rp.update_priorities(slots, out["priorities"].numpy(), generation.numpy())
 
-    def due(self) -> bool:
-        """Whether the replay ratio asks for another gradient step now."""
+    def steps_due(self) -> int:
+        """The gradient steps the replay ratio asks for now (each samples r2d2.batch_size sequences); with several
+        learner ranks the fewest any rank's replay asks for, so that every rank takes as many (their gradients are
+        averaged at each step)."""
         rp, r = self.replay, self.r
-        return rp.filled >= r.learning_starts and rp.sampled < r.replay_ratio * (rp.inserted - r.learning_starts)
+        n = 0
+        if rp.filled >= r.learning_starts:
+            target = r.replay_ratio * (rp.inserted - r.learning_starts)
+            while rp.sampled + n * r.batch_size < target:  # (each step samples a batch)
+                n += 1
+        return int(all_min(n, self.device)) if self.world > 1 else n
 
     def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -111,13 +118,13 @@ class R2D2Agent(LearnerBase):
         if seqs is not None:
             self.replay.add(seqs)
         t1 = time.perf_counter()
-        self.steps += (batch["action"].shape[0] - 1) * batch["action"].shape[1]
+        self.steps += (batch["action"].shape[0] - 1) * batch["action"].shape[1] * self.world  # every rank as many
         self._note_greedy_episodes(batch)
         times = {"time_h2d": 0.0, "time_fwd_bwd": 0.0, "time_optim": 0.0, "time_replay_insert": t1 - t0,
                  "time_replay_sample": 0.0, "time_priority_update": 0.0}
         sums: dict[str, float] = {}
         n = 0
-        while self.due():
+        for _ in range(self.steps_due()):
             ta = time.perf_counter()
             slots, weights, seq = self.replay.sample(self.r.batch_size, self.r.importance_exponent)
             generation = seq.pop("generation")
@@ -224,16 +231,17 @@ class R2D2(Agent):
     # its gradient step is set by r2d2.batch_size; learner.batch_size only has to hold K unrolls
     unused_fields = frozenset({("learner", "batch_size"), ("learner", "epochs"), ("learner", "minibatches")})
     workload_fields = (("r2d2", "batch_size"), ("r2d2", "sequence_length"), ("r2d2", "burn_in"), ("r2d2", "replay_ratio"))
-    max_learner_devices = 1  # (one replay, one learner: learner.devices=1)
 
     def check(self, cfg, spec) -> None:
         if spec.action.kind != "discrete":
             raise ConfigError(f"learner.agent=r2d2 needs a Discrete action space (Q-learning over actions); this env "
                               f"has {spec.action.describe()}: use learner.agent=vtrace")
-        r = cfg.r2d2  # a replay that would not fit fails here, before the run directory exists
+        # a replay that would not fit fails here, before the run directory exists; with several learner processes
+        # each keeps a replay of its own actors' sequences (see R2D2Agent), all of them on this node's memory
+        r, n = cfg.r2d2, cfg.learner.devices
         SequenceReplay.check_fits(r.replay_size, r.rows, spec.obs_shape, spec.obs_dtype,
                                   self.state_size(cfg.learner, spec), "r2d2.replay_size",
-                                  num_actions=spec.num_actions)
+                                  memory_fraction=0.8 / n, num_actions=spec.num_actions)
 
     def build_net(self, cfg, spec) -> R2D2Net:
         if spec.action.kind != "discrete":

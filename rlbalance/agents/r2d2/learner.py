@@ -12,6 +12,7 @@ import torch
 from rlbalance.agents.nets import batch_to
 from rlbalance.agents.r2d2.algo import RESCALE_EPS, inverse_rescale, n_step_double_q_targets, sequence_priorities
 from rlbalance.agents.r2d2.net import R2D2Net
+from rlbalance.core.distributed import all_max
 from rlbalance.core.errors import NonFiniteLossError
 
 
@@ -38,12 +39,20 @@ class R2D2Learner:
     ``target_update_every`` updates."""
 
     def __init__(self, net: R2D2Net, settings: R2D2Settings = R2D2Settings(), device: torch.device | str = "cpu",
-                 step_lock=None):
+                 step_lock=None, distributed: bool = False):
         self.s, self.device = settings, torch.device(device)
         # held around the optimizer step: an inference pass beside the learner never sees half-updated weights
         self.step_lock = step_lock or contextlib.nullcontext()
         self.net = net.to(self.device)
-        self.target = copy.deepcopy(self.net).requires_grad_(False)
+        # One learner process per device: the pass with gradients goes through DistributedDataParallel, whose backward
+        # averages the gradients, so every rank takes the same step (the passes without gradients use the net itself)
+        self.train_net, self.distributed = self.net, distributed
+        if distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.train_net = DistributedDataParallel(self.net, device_ids=[self.device] if self.device.type == "cuda"
+                                                     else None, forward_sync_buffers=False)
+        self.target = copy.deepcopy(self.net).requires_grad_(False)  # (after DDP gave every rank rank 0's weights)
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=settings.learning_rate, eps=settings.adam_eps)
         self.updates = 0
 
@@ -68,7 +77,7 @@ class R2D2Learner:
             reset = (~b["first"][burn]).to(state_on.dtype).view(-1, 1)  # (forward treats row 0 as already reset)
             state_on, state_tg = st_on[-1] * reset, st_tg[-1] * reset
         rest = {k: b[k][burn:] for k in ("obs", "action", "reward", "done", "first")}
-        q, st_rows = self.net(rest["obs"], state_on, rest["first"])
+        q, st_rows = self.train_net(rest["obs"], state_on, rest["first"])
         with torch.no_grad():
             q_tg, st_tg_rows = self.target(rest["obs"], state_tg, rest["first"])
             truncated, final_value = self._time_limits(b, burn, st_rows.detach(), st_tg_rows)
@@ -80,7 +89,11 @@ class R2D2Learner:
         per_seq = 0.5 * (td ** 2).mean(dim=0)
         w = torch.ones_like(per_seq) if weights is None else weights.to(self.device, per_seq.dtype)
         loss = (w * per_seq).mean()
-        if not torch.isfinite(loss):
+        finite = bool(torch.isfinite(loss))
+        if self.distributed and all_max(0.0 if finite else 1.0, self.device) > 0 and finite:
+            raise NonFiniteLossError(f"the R2D2 loss is not finite on another learner rank at update {self.updates} "
+                                     "(that rank's error names the cause); training stopped on every rank")
+        if not finite:
             raise NonFiniteLossError(f"the R2D2 loss is {float(loss)} at update {self.updates}: the learning diverged "
                                      "or the env returned NaN rewards or observations; check the env, then lower "
                                      "learner.learning_rate or learner.max_grad_norm")

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from rlbalance.agents.base import LearnerBase
+from rlbalance.agents.base import LearnerBase, learning_rate, shape_rewards
 from rlbalance.agents.nets import batch_to
 from rlbalance.agents.vtrace.model import ActorCritic
 from rlbalance.agents.vtrace.vtrace import vtrace
@@ -46,7 +46,6 @@ class Learner(LearnerBase):
         from rlbalance.core import distributed as dist
 
         self.world = dist.world_size() if distributed else 1
-        self.lr_factor = {"none": 1.0, "linear": float(self.world), "sqrt": self.world ** 0.5}[cfg.lr_scaling]
         self.action = model.action  # the action space's distribution (rlbalance.distributions)
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=cfg.learning_rate, eps=cfg.adam_eps)
@@ -58,10 +57,7 @@ class Learner(LearnerBase):
             self._ev_end = torch.cuda.Event(enable_timing=True)
 
     def lr_now(self) -> float:
-        lr = self.cfg.learning_rate * self.lr_factor
-        if self.cfg.lr_schedule == "constant":
-            return lr
-        return lr * max(0.0, 1.0 - self.steps / self.total_steps)
+        return learning_rate(self.cfg, self.steps, self.total_steps, self.world)
 
     def to_device(self, batch: dict[str, torch.Tensor], device: torch.device | None = None) -> dict[str, torch.Tensor]:
         return batch_to(batch, device or self.device)
@@ -121,11 +117,7 @@ class Learner(LearnerBase):
         recurrent model's core state after each row (a time limit's last observation follows it)."""
         cfg = self.cfg
         t = values.shape[0] - 1
-        rewards = b["reward"][:t].float()
-        if cfg.reward_scale != 1.0:
-            rewards = rewards * cfg.reward_scale
-        if cfg.reward_clip:
-            rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
+        rewards = shape_rewards(b["reward"][:t].float(), cfg)
         discounts = (1.0 - b["done"][:t].float()) * cfg.discount
         truncated = b["truncated"][:t]
         if truncated.any():
