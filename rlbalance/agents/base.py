@@ -91,7 +91,8 @@ class Agent:
         raise NotImplementedError
 
     def state_size(self, cfg, spec) -> int:
-        """One env's recurrent state size (0: feed-forward): what buffers and slots hold for it."""
+        """One env's recurrent state size (0: feed-forward): what buffers and slots hold for it. The net's own
+        ``state_size`` is the one place it is computed."""
         return int(getattr(self.build_net(cfg, spec), "state_size", 0))
 
     def make_learner(self, net: nn.Module, cfg, spec, device: torch.device, step_lock=None,

@@ -288,7 +288,7 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
         learner, batch = timed_learner(cfg, spec, device, b)
         training[str(b)] = _median_time(lambda: learner.timed_step(batch), reps=3, min_s=0.3) * 1e3
     progress("transport ...")
-    obs_bytes = int(np.prod(spec.obs_shape)) * (1 if spec.obs_dtype == np.uint8 else 4)
+    obs_bytes = spec.obs_bytes
     flops = model_flops(model.cpu(), one) if device.type == "cpu" else model_flops(registry.build_model(cfg.learner, spec), one)
     progress("pipeline loop (short training runs on a free env) ...")
     import os

@@ -43,13 +43,13 @@ from dataclasses import dataclass, field
 
 from rlbalance import config as C
 from rlbalance.analysis.catalog import GpuSpec, Machine
+from rlbalance.analysis.ratio import KNEE_TOLERANCE
 from rlbalance.core.errors import ConfigError
 
 ROOFLINE_EFFICIENCY = 0.3  # fraction of peak FP32 a small RL model reaches (stated, modeled)
 GPU_INFER_OVERHEAD_MS = 0.08  # kernel launches and sync per forward pass (modeled)
 GPU_TRAIN_OVERHEAD_MS = 1.5  # per update: forward, backward, optimizer kernels (modeled)
 CPU_IDLE_FRACTION = 0.3
-KNEE_TOLERANCE = 0.05
 # The band every prediction carries even where it stays within the calibration: the 90th percentile of the absolute
 # FPS errors of the planner's validation on held-out sweep points (bench/results/planner/planner-validation.md: 43
 # points over 11 workloads, 2 cores, 2026-12-05: 12.0%; 15.3% with the first calibration of cartpole-large-model,

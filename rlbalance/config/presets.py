@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from rlbalance.config.env_ids import is_atari
+
 PRESETS: dict[str, dict[str, Any]] = {
     # CartPole and the other gymnasium classic-control tasks: APPO with CleanRL's PPO CartPole settings (4 epochs
     # of 4 minibatches per batch, Adam 2.5e-4 decayed linearly, clip 0.2, lambda 0.95) on the default V-trace
@@ -62,7 +64,7 @@ PRESET_NAMES = ("auto", "none", *PRESETS)
 def family(env_id: str, imports: tuple[str, ...] = ()) -> str:
     """The env family of an id: 'atari', 'synthetic', 'toy' (rlbalance's own), 'continuous' (a gymnasium env with
     Box actions: MuJoCo, Pendulum, ...) or 'classic' (any other gymnasium id)."""
-    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+    if is_atari(env_id):
         return "atari"
     if env_id == "synthetic":
         return "synthetic"

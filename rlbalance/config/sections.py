@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlbalance.config.env_ids import is_atari
 from rlbalance.core.errors import ConfigError
 
 
@@ -103,7 +104,7 @@ class EnvConfig:
 
     @property
     def is_atari(self) -> bool:
-        return self.id.startswith("ALE/") or self.id.endswith("NoFrameskip-v4")
+        return is_atari(self.id)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,11 @@ class EnvSpec:
         if self.action is None:
             object.__setattr__(self, "action", ActionSpec.discrete(self.num_actions))
 
+    @property
+    def obs_bytes(self) -> int:
+        """Bytes of one observation."""
+        return int(np.prod(self.obs_shape)) * np.dtype(self.obs_dtype).itemsize
+
     @classmethod
     def of(cls, obs_shape, obs_dtype, action: ActionSpec, frames_per_step: int) -> "EnvSpec":
         return cls(tuple(obs_shape), np.dtype(obs_dtype), action.param_size, frames_per_step, action)

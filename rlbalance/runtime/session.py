@@ -310,12 +310,13 @@ class Session:
 
     def transport_bytes_per_step(self) -> int:
         """Bytes moved through shared memory per env step: the actor's unroll-buffer row, the learner's
-        copy of it into a batch and, with central inference, the step slot's obs, action and logits."""
-        obs = int(np.prod(self.spec.obs_shape)) * (1 if self.spec.obs_dtype == np.uint8 else 4)
+        copy of it into a batch (with the row's final_obs, which the batch carries whole) and, with central inference,
+        the step slot's obs, action and logits."""
+        obs = self.spec.obs_bytes
         logits = 4 * self.spec.num_actions
         row = obs + 8 + logits + 4 + 1 + 1 + 1 + 4 + 8  # obs, action, logits, reward, flags, return, length
         slot = obs + 8 + logits + 8 if self.cfg.inference.mode == "central" else 0
-        return 2 * row + slot
+        return 2 * row + obs + slot
 
     def fail(self, error: BaseException) -> None:
         """Training stopped on an error: close up and write summary.json (outcome 'failed', the error, the last

@@ -252,9 +252,6 @@ class R2D2(Agent):
             check_cnn_shape(spec)
         return R2D2Net(spec.obs_shape, spec.num_actions, cfg.hidden_sizes, cfg.core_units, cnn=cnn)
 
-    def state_size(self, cfg, spec) -> int:
-        return 2 * cfg.core_units  # one LSTM (h, c) between the torso and the dueling head (none: learner.core=none)
-
     def make_learner(self, net, cfg, spec, device, step_lock=None, distributed: bool = False) -> R2D2Agent:
         return R2D2Agent(net, cfg, device, spec.obs_shape, spec.obs_dtype, step_lock=step_lock,
                          distributed=distributed)

@@ -25,10 +25,6 @@ class VTrace(Agent):
         torso, out = nature_cnn(spec.obs_shape[0], spec.obs_shape[1])
         return ActorCritic(torso, out, spec.action, core_size=cfg.core_units)
 
-    def state_size(self, cfg, spec) -> int:
-        # the MLP has a value torso, and so a value core, of its own: two (h, c) pairs
-        return cfg.core_units * (4 if resolve_model(cfg, spec) == "mlp" else 2)
-
     def make_learner(self, net, cfg, spec, device, step_lock=None, distributed: bool = False) -> Learner:
         return Learner(net, cfg.learner, device, cfg.run.total_steps, step_lock=step_lock, distributed=distributed)
 
