@@ -128,7 +128,7 @@ def test_a_killed_learner_rank_stops_the_run_cleanly_and_it_resumes(tmp_path):
 
     import psutil
 
-    from rlbalance.bench.chaos import _Tree
+    from rlbalance.bench.chaos_faults import _Tree
     from rlbalance.runtime.rundir import RunDir
 
     cmd = [sys.executable, "-m", "rlbalance", "train", "--env.id", "synthetic", "--env.synthetic_step_us", "20",

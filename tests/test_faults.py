@@ -409,3 +409,27 @@ def test_chaos_bench_short(tmp_path, capsys):
     assert r["baseline"]["exit_code"] == 0 and r["baseline"]["steps"] > 0
     assert (out / "chaos.png").stat().st_size > 0 and "passed" in (out / "chaos.md").read_text()
     assert "chaos: passed" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["ddp", "ray"])
+def test_chaos_bench_on_the_other_runtime_paths(tmp_path, path):
+    """`rlbalance bench chaos --path ddp`: learner rank 1 killed, rank 0 stops the run (exit 1, the last checkpoint
+    kept), which resumes from it on one learner process; `--path ray`: Ray actors killed and hung, the Ray worker
+    node killed, the learner killed and resumed on the same cluster. Nothing lost or leaked on either."""
+    if path == "ray":
+        pytest.importorskip("ray")
+    from rlbalance.cli import main
+
+    out = tmp_path / f"chaos-{path}"
+    rc = main(["bench", "chaos", "--path", path, "--minutes", "0.8", "--fault-every", "5", "--seed", "3",
+               "--no-baseline", "--out", str(out)])
+    r = _strict_json((out / "chaos.json").read_text())
+    assert rc == 0 and r["ok"], json.dumps({k: v for k, v in r.items() if k != "curve"})
+    assert not r["hang"] and not r["processes_leaked"] and not r["shm_files_leaked"]
+    assert r["faults"]["learner_kill"] == 1 and r["checks"]["resume"]["ok"]
+    assert r["checks"]["metrics"]["sessions"] == [0, 1] and r["sessions"][-1]["exit_code"] == 0
+    if path == "ddp":  # rank 0 stopped the run itself, with an error naming the dead rank
+        assert r["sessions"][0]["exit_code"] == 1
+    else:
+        assert r["faults"]["node_kill"] == 1 and r["sessions"][0]["exit_code"] == -signal.SIGKILL

@@ -11,6 +11,12 @@ and every shared-memory file it mapped is gone. Writes chaos.json, chaos.md and 
 
 The run is a child process (``python -m rlbalance train``), so the learner can be killed like any
 other process; actors learn that SIGUSR1 is an injected crash from RLBALANCE_FAULT_INJECTION=1.
+
+Three runtime paths (``path``): ``local`` (actor processes of the learner), ``ray`` (Ray actors on a two-node
+cluster on 127.0.0.1 that the bench starts; the worker node is killed once and a new one joins; actors are killed
+and hung, Ray restarts them; the learner is killed and the run resumed on the same cluster) and ``ddp`` (two
+learner processes with their own actors; learner rank 1 is killed once: rank 0 stops the run cleanly, and it
+resumes from the last checkpoint with one learner process, learner.devices=1).
 """
 
 from __future__ import annotations
@@ -22,78 +28,23 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import psutil
 
+from rlbalance.bench.chaos_faults import _actors, _leaf_processes, _learner_rank, _ray_actors, _RayCluster, _Tree
+
 KINDS = ("kill", "hang", "crash")
+PATHS = ("local", "ray", "ddp")
+PATH_WORDS = {"local": "local actor processes", "ray": "Ray actors on a two-node cluster on 127.0.0.1",
+              "ddp": "two learner processes"}
 
 
 def _strict_json(text: str):
     def bad(c):
         raise ValueError(f"non-standard JSON constant {c}")
     return json.loads(text, parse_constant=bad)
-
-
-class _Tree:
-    """Every process the run's learner started (seen by polling), and the shared-memory files they mapped."""
-
-    def __init__(self) -> None:
-        self.seen: dict[int, float] = {}  # pid -> create_time
-        self.what: dict[int, str] = {}  # pid -> its command line, shortened
-        self.shm: set[str] = set()
-        self._lock = threading.Lock()
-
-    def poll(self, root: psutil.Process) -> None:
-        try:
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return
-        for p in procs:
-            try:
-                ct = p.create_time()
-                maps = Path(f"/proc/{p.pid}/maps")
-                names = {line.split(None, 5)[5].strip() for line in maps.read_text().splitlines()
-                         if "/dev/shm/" in line and len(line.split(None, 5)) == 6} if maps.exists() else set()
-                # (read here too: a process that exits between the listing and this read is simply gone; a clean-
-                # clone CI run failed on psutil.NoSuchProcess from a cmdline read outside this guard)
-                what = " ".join(p.cmdline())[-120:] if p.pid not in self.seen else None
-            except (psutil.Error, OSError):
-                continue
-            with self._lock:
-                if p.pid not in self.seen:
-                    self.seen[p.pid] = ct
-                    self.what[p.pid] = what or "?"
-                self.shm.update(n.replace(" (deleted)", "") for n in names if not n.endswith("(deleted)"))
-
-    def alive(self) -> list[int]:
-        out = []
-        for pid, ct in self.seen.items():
-            try:
-                if psutil.Process(pid).create_time() == ct:
-                    out.append(pid)
-            except psutil.Error:
-                pass
-        return out
-
-
-def _actors(root: psutil.Process, min_age_s: float) -> list[psutil.Process]:
-    """The learner's running actor processes at least ``min_age_s`` old: its direct children, less
-    multiprocessing's resource tracker and any actor already stopped."""
-    out = []
-    try:
-        for c in root.children(recursive=False):
-            try:
-                if "resource_tracker" not in " ".join(c.cmdline()) and c.status() != psutil.STATUS_STOPPED \
-                        and time.time() - c.create_time() >= min_age_s:
-                    out.append(c)
-            except psutil.Error:
-                pass
-    except psutil.Error:
-        pass
-    return out
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -118,8 +69,11 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
 
 def run_chaos(minutes: float, out: Path, seed: int = 0, fault_every_s: float | None = None,
               heartbeat_s: float = 10.0, env_id: str = "CartPole-v1", extra: list[str] | None = None,
-              baseline: bool = True) -> dict:
-    """The chaos run and (``baseline``) its undisturbed reference; returns the result written to chaos.json."""
+              baseline: bool = True, path: str = "local") -> dict:
+    """The chaos run and (``baseline``) its undisturbed reference on runtime ``path`` (local, ray or ddp, see the
+    module's docstring); returns the result written to chaos.json."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}")
     seconds = minutes * 60
     fault_every_s = fault_every_s or max(2.0, seconds / 90)  # ~90 faults in a run by default
     # Faults hit running actors: one restarted moments ago is not hit again before it could step (with
@@ -134,6 +88,11 @@ def run_chaos(minutes: float, out: Path, seed: int = 0, fault_every_s: float | N
               "--run.seed", str(seed), "--run.checkpoint_interval_s", str(ckpt_s),
               "--actors.heartbeat_timeout_s", str(heartbeat_s), "--actors.max_restarts", "1000000",
               "--telemetry.log_interval_s", str(log_s), "--telemetry.progress", "false", *(extra or [])]
+    cluster = _RayCluster() if path == "ray" else None
+    if cluster is not None:
+        common += ["--ray.address", cluster.address]
+    if path == "ddp":
+        common += ["--learner.devices", "2", "--actors.num_actors", "2"]
     rng = random.Random(seed)
     env = dict(os.environ, RLBALANCE_FAULT_INJECTION="1")
     name = f"chaos-{stamp}"
@@ -146,87 +105,127 @@ def run_chaos(minutes: float, out: Path, seed: int = 0, fault_every_s: float | N
     sessions: list[dict] = []
     hung = False
     t_kill = seconds * rng.uniform(0.4, 0.6)
+    t_node = seconds * rng.uniform(0.15, 0.3) if cluster is not None else None  # the Ray worker node's death
+    node_events: list[dict] = []
     trained = 0.0  # training seconds done by finished sessions
     t_wall0 = time.monotonic()
 
     def progress(msg: str) -> None:
         print(f"[chaos {time.monotonic() - t_wall0:7.0f}s] {msg}", flush=True)
 
-    for session in (0, 1):
-        if session == 0:
-            cmd = _train_cmd([*common, "--run.name", name, "--run.max_seconds", str(seconds)])
-        else:
-            cmd = _train_cmd(["--resume", str(run), "--run.max_seconds", str(max(1.0, seconds - trained))])
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        root = psutil.Process(proc.pid)
-        t_start = time.monotonic()
-        t_train0 = None  # when this session's first metrics line appeared, less its time_s
-        next_fault = None
-        last_shown = 0.0
-        ckpts_at_kill: list[str] = []
-        killed = False
-        limit = t_start + 300 + 3 * heartbeat_s + (seconds - trained)  # start-up, shutdown and stall margin
-        while proc.poll() is None:
-            now = time.monotonic()
-            tree.poll(root)
-            if now > limit:
-                hung = True
-                progress(f"session {session} did not end by its limit: a hang; killing it")
-                proc.kill()
-                break
-            if t_train0 is None:
-                recs = [r for r in _metrics(run) if r["session"] == session] if run.exists() else []
-                if recs:
-                    t_train0 = now - recs[0]["time_s"]
+    try:
+        for session in (0, 1):
+            if session == 0:
+                cmd = _train_cmd([*common, "--run.name", name, "--run.max_seconds", str(seconds)])
+            else:  # (after a learner rank's death, on one learner process: a checkpoint resumes on any number)
+                cmd = _train_cmd(["--resume", str(run), "--run.max_seconds", str(max(1.0, seconds - trained)),
+                                  *(["--learner.devices", "1"] if path == "ddp" else [])])
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            root = psutil.Process(proc.pid)
+            t_start = time.monotonic()
+            t_train0 = None  # when this session's first metrics line appeared, less its time_s
+            next_fault = None
+            last_shown = 0.0
+            ckpts_at_kill: list[str] = []
+            killed = False
+            limit = t_start + 300 + 3 * heartbeat_s + (seconds - trained)  # start-up, shutdown and stall margin
+            while proc.poll() is None:
+                now = time.monotonic()
+                tree.poll(root)
+                if now > limit:
+                    hung = True
+                    progress(f"session {session} did not end by its limit: a hang; killing it")
+                    proc.kill()
+                    break
+                if t_train0 is None:
+                    recs = [r for r in _metrics(run) if r["session"] == session] if run.exists() else []
+                    if recs:
+                        t_train0 = now - recs[0]["time_s"]
+                        next_fault = now + rng.expovariate(1 / fault_every_s)
+                elif now >= next_fault:
+                    targets = {"local": _actors, "ddp": _leaf_processes}[path](root, min_age_s) if path != "ray" \
+                        else _ray_actors(min_age_s)
+                    if path == "ray":  # a Ray actor's crash is its process dying: Ray knows no SIGUSR1 of ours
+                        targets = targets if rng.random() < 2 / 3 else []
+                        kinds = ("kill", "hang")
+                    else:
+                        kinds = KINDS
+                    if targets:
+                        kind, p = rng.choice(kinds), rng.choice(targets)
+                        sig = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "crash": signal.SIGUSR1}[kind]
+                        try:
+                            os.kill(p.pid, sig)
+                            faults.append({"session": session, "t_train_s": round(now - t_train0 + trained, 2),
+                                           "kind": kind, "pid": p.pid})
+                            if kind == "hang":
+                                stopped.add(p.pid)
+                        except ProcessLookupError:
+                            pass
                     next_fault = now + rng.expovariate(1 / fault_every_s)
-            elif now >= next_fault:
-                targets = _actors(root, min_age_s)
-                if targets:
-                    kind, p = rng.choice(KINDS), rng.choice(targets)
-                    sig = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "crash": signal.SIGUSR1}[kind]
-                    try:
-                        os.kill(p.pid, sig)
-                        faults.append({"session": session, "t_train_s": round(now - t_train0 + trained, 2),
-                                       "kind": kind, "pid": p.pid})
-                        if kind == "hang":
-                            stopped.add(p.pid)
-                    except ProcessLookupError:
-                        pass
-                next_fault = now + rng.expovariate(1 / fault_every_s)
-            if session == 0 and t_train0 is not None and now - t_train0 >= t_kill and _checkpoints(run):
+                t_now = now - t_train0 + trained if t_train0 is not None else trained  # training seconds so far
+                if t_node is not None and t_train0 is not None and t_now >= t_node:
+                    t_node = None
+                    cluster.kill_worker()
+                    node_events.append({"t_train_s": round(t_now, 2), "kind": "node_kill"})
+                    faults.append({"session": session, "t_train_s": node_events[-1]["t_train_s"], "kind": "node_kill",
+                                   "pid": None})
+                    progress("Ray worker node killed; a new one joins in 20 s")
+                    t_add = now + 20
+                if cluster is not None and node_events and len(node_events) == 1 and now >= t_add:
+                    cluster.add_worker()
+                    node_events.append({"t_train_s": round(t_now, 2), "kind": "node_added"})
+                    progress("a new Ray worker node joined")
+                if path == "ddp" and session == 0 and t_train0 is not None and now - t_train0 >= t_kill \
+                        and _checkpoints(run) and not killed:
+                    victim = _learner_rank(root, 1)
+                    if victim is not None:
+                        os.kill(victim.pid, signal.SIGKILL)
+                        killed = True
+                        trained = now - t_train0
+                        faults.append({"session": 0, "t_train_s": round(trained, 2), "kind": "learner_kill",
+                                       "pid": victim.pid})
+                        progress(f"learner rank 1 (pid {victim.pid}) killed with SIGKILL after {trained:.0f} s of "
+                                 "training; rank 0 must stop the run")
+                if path != "ddp" and session == 0 and t_train0 is not None and now - t_train0 >= t_kill \
+                        and _checkpoints(run):
+                    ckpts_at_kill = [c.name for c in _checkpoints(run)]
+                    for pid in stopped:  # a hung actor would outlive any learner; let it see its learner die
+                        try:
+                            os.kill(pid, signal.SIGCONT)
+                        except ProcessLookupError:
+                            pass
+                    proc.kill()
+                    proc.wait()
+                    killed = True
+                    trained = now - t_train0
+                    faults.append({"session": 0, "t_train_s": round(trained, 2), "kind": "learner_kill",
+                                   "pid": proc.pid})
+                    progress(f"learner (pid {proc.pid}) killed with SIGKILL after {trained:.0f} s of training")
+                    break
+                if now - last_shown >= 30:
+                    last_shown = now
+                    recs = [r for r in _metrics(run) if r["session"] == session] if run.exists() else []
+                    progress(f"session {session}: {now - t_start:.0f} s since its start, "
+                             f"{recs[-1]['steps'] if recs else 0:,} steps, {len(faults)} faults injected")
+                time.sleep(0.25)
+            rc = proc.wait()
+            if killed and path == "ddp":  # rank 0 stopped the run; its last checkpoint is where it resumes
                 ckpts_at_kill = [c.name for c in _checkpoints(run)]
-                for pid in stopped:  # a hung actor would outlive any learner; let it see its learner die
-                    try:
-                        os.kill(pid, signal.SIGCONT)
-                    except ProcessLookupError:
-                        pass
-                proc.kill()
-                proc.wait()
-                killed = True
-                trained = now - t_train0
-                faults.append({"session": 0, "t_train_s": round(trained, 2), "kind": "learner_kill",
-                               "pid": proc.pid})
-                progress(f"learner (pid {proc.pid}) killed with SIGKILL after {trained:.0f} s of training")
+            if killed:  # the orphaned actors must notice and leave by themselves
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and tree.alive():
+                    time.sleep(0.5)
+            elif t_train0 is not None:
+                trained += time.monotonic() - t_train0
+            sessions.append({"session": session, "exit_code": rc, "learner_killed": killed,
+                             "checkpoints_at_kill": ckpts_at_kill,
+                             "orphans_after_kill": tree.alive() if killed else []})
+            if not killed:
                 break
-            if now - last_shown >= 30:
-                last_shown = now
-                recs = [r for r in _metrics(run) if r["session"] == session] if run.exists() else []
-                progress(f"session {session}: {now - t_start:.0f} s since its start, "
-                         f"{recs[-1]['steps'] if recs else 0:,} steps, {len(faults)} faults injected")
-            time.sleep(0.25)
-        rc = proc.wait()
-        if killed:  # the orphaned actors must notice and leave by themselves
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and tree.alive():
-                time.sleep(0.5)
-        elif t_train0 is not None:
-            trained += time.monotonic() - t_train0
-        sessions.append({"session": session, "exit_code": rc, "learner_killed": killed,
-                         "checkpoints_at_kill": ckpts_at_kill,
-                         "orphans_after_kill": tree.alive() if killed else []})
-        if not killed:
-            break
-    log.close()
+    finally:  # (the cluster's processes go with it, whatever stopped the run)
+        log.close()
+        if cluster is not None:
+            cluster.shutdown()
 
     # What the run left behind.
     deadline = time.monotonic() + 15  # the run's helpers (resource tracker) leave just after the learner
@@ -249,10 +248,11 @@ def run_chaos(minutes: float, out: Path, seed: int = 0, fault_every_s: float | N
     restarts = sum(int(r["actors/restarts"]) for r in by_session.values())
     lost = sum(float(r.get("actors/lost_seconds", 0.0)) for r in by_session.values())
     result = {
-        "minutes": minutes, "seed": seed, "env_id": env_id, "fault_every_s": fault_every_s,
+        "minutes": minutes, "seed": seed, "env_id": env_id, "path": path, "fault_every_s": fault_every_s,
+        "ray_node_events": node_events,
         "heartbeat_timeout_s": heartbeat_s, "min_actor_age_s": min_age_s, "checkpoint_interval_s": ckpt_s, "extra": extra or [],
         "run_dir": str(run), "sessions": sessions, "hang": hung,
-        "faults": {k: sum(f["kind"] == k for f in faults) for k in (*KINDS, "learner_kill")},
+        "faults": {k: sum(f["kind"] == k for f in faults) for k in (*KINDS, "learner_kill", "node_kill")},
         "fault_log": faults,
         "actor_restarts": restarts, "actor_seconds_lost": round(lost, 2),
         "steps": summary.get("steps"), "final_return_last100": summary.get("episode_return_last100"),
@@ -333,10 +333,17 @@ def _write(r: dict, out: Path) -> None:
     rows = "\n".join(f"| {k} | {'yes' if c['ok'] else 'NO'} | "
                      f"{json.dumps({kk: vv for kk, vv in c.items() if kk != 'ok'})} |" for k, c in r["checks"].items())
     (out / "chaos.md").write_text(
-        f"# Chaos: fault-injection soak ({r['minutes']:g} minutes of training, {r['env_id']}, seed {r['seed']})\n\n"
+        f"# Chaos: fault-injection soak ({r['minutes']:g} minutes of training, {r['env_id']}, seed {r['seed']}, "
+        f"{PATH_WORDS[r.get('path', 'local')]})\n\n"
+        f"Config overrides: {' '.join(r['extra']) or 'none'}.\n\n"
         f"Faults on a random schedule (one every {r['fault_every_s']:.1f} s on average): actors killed "
-        f"{f['kill']}, hung {f['hang']}, crashed {f['crash']}; learner killed with SIGKILL and resumed "
-        f"{f['learner_kill']} time(s). Heartbeat timeout {r['heartbeat_timeout_s']:g} s.\n\n"
+        f"{f['kill']}, hung {f['hang']}, crashed {f['crash']}; "
+        + (f"learner rank 1 killed with SIGKILL {f['learner_kill']} time(s), rank 0 stopping the run, which resumed "
+           "from its last checkpoint with one learner process"
+           if r.get("path") == "ddp" else f"learner killed with SIGKILL and resumed {f['learner_kill']} time(s)")
+        + (f"; Ray worker node killed {f.get('node_kill', 0)} time(s) (a new one joined 20 s later)"
+           if r.get("path") == "ray" else "")
+        + f". Heartbeat timeout {r['heartbeat_timeout_s']:g} s.\n\n"
         f"- verdict: **{'passed' if r['ok'] else 'FAILED'}**; hang: {r['hang']}; exit codes "
         f"{[s['exit_code'] for s in r['sessions']]}\n"
         f"- actor restarts {r['actor_restarts']}, actor-seconds lost {r['actor_seconds_lost']:,.1f}\n"
@@ -366,7 +373,8 @@ def _write(r: dict, out: Path) -> None:
     if b.get("curve"):
         ax.plot([t / 60 for t, _, _, ret in b["curve"] if ret is not None],
                 [ret for _, _, _, ret in b["curve"] if ret is not None], color="tab:gray", label="undisturbed")
-    colors = {"kill": "tab:purple", "hang": "tab:orange", "crash": "tab:brown", "learner_kill": "black"}
+    colors = {"kill": "tab:purple", "hang": "tab:orange", "crash": "tab:brown", "learner_kill": "black",
+              "node_kill": "tab:blue"}
     for kind, c in colors.items():
         ts = [x["t_train_s"] / 60 for x in r["fault_log"] if x["kind"] == kind]
         if ts:
@@ -374,7 +382,8 @@ def _write(r: dict, out: Path) -> None:
                       label=f"{kind.replace('_', ' ')} ({len(ts)})")
     ax.set_xlabel("training time (minutes)")
     ax.set_ylabel("episode return (mean of recent episodes)")
-    ax.set_title(f"Chaos soak: {r['env_id']}, faults against an undisturbed run")
+    ax.set_title(f"Chaos soak: {r['env_id']}, {PATH_WORDS[r.get('path', 'local')]}"
+                 + (", faults against an undisturbed run" if b.get("curve") else ""))
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(out / "chaos.png", dpi=110)

@@ -49,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=0, help="telemetry-overhead: runs each way (default 4); planner: "
                    "runs per sweep point (default 1)")
     p.add_argument("--minutes", type=float, default=30.0, help="soak, chaos: minutes of training")
+    p.add_argument("--path", choices=["local", "ray", "ddp"], default="local",
+                   help="chaos: the runtime path (local actor processes; Ray actors on a two-node cluster on "
+                   "127.0.0.1, a worker node killed too; two learner processes, one killed)")
+    p.add_argument("--no-baseline", action="store_true", help="chaos: skip the undisturbed reference run")
     p.add_argument("--seeds", type=int, default=0, help="seeds: runs per mode (seeds 0..N-1, default 8); memory: "
                    "seeds 1..N (default 2)")
     p.add_argument("--modes", default="central", help="seeds: comma-separated inference modes (central, actor)")
@@ -93,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         extra = C.parse_set(args.set)
         C.build(extra)  # a bad override fails here, naming the field, before any run
         r = run_chaos(args.minutes, out, seed=args.seed, fault_every_s=args.fault_every or None,
-                      extra=[a for kv in args.set for a in ("--set", kv)])
+                      extra=[a for kv in args.set for a in ("--set", kv)], baseline=not args.no_baseline,
+                      path=args.path)
         print(f"chaos: {'passed' if r['ok'] else 'FAILED'}; faults {r['faults']}; wrote {out / 'chaos.md'}")
         return 0 if r["ok"] else 1
     if args.name == "sweep":
