@@ -31,7 +31,7 @@ WORKLOADS = {
     # CartPole on the bare defaults (one V-trace pass per batch), the classic preset before it took APPO's
     # passes, kept to measure what the preset costs in SPS, in the same bench run.
     "cartpole-previous": {"run": {"preset": "none"}},
-    # The Atari preset (rlbalance/presets.py) is the one source of its settings.
+    # The Atari preset (rlbalance/config/presets.py) is the one source of its settings.
     "pong": {"env": {"id": "ALE/Pong-v5"}},
     # The bench's Pong config before the preset (B=16, one pass, gymnasium envs), kept to measure what the
     # preset costs in FPS, in the same bench run; it did not learn Pong (README).

@@ -227,7 +227,7 @@ def fit_buffers(a: ActorsConfig, lrn: LearnerConfig) -> ActorsConfig:
 
 def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     """Build a Config from nested overrides {section: {field: value}} on top of the env family's preset
-    (``run.preset``, see rlbalance/presets.py) on top of the defaults."""
+    (``run.preset``, see rlbalance/config/presets.py) on top of the defaults."""
     from rlbalance.config import presets
 
     overrides = overrides or {}

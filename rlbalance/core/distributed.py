@@ -1,6 +1,6 @@
 """torch.distributed for the learner: one learner process per device, gradients all-reduced by
 DistributedDataParallel (NCCL between GPUs, gloo on CPUs), so every replica holds the same weights after each
-optimizer step. The algorithm code (``rlbalance.learner``) asks this module only for the process group's size and
+optimizer step. The algorithm code (the agents' learners) asks this module only for the process group's size and
 for the sums it needs across ranks; process start-up and rendezvous live here too.
 """
 

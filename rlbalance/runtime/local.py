@@ -7,7 +7,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-import numpy as np
 import torch
 
 from rlbalance.agents import registry
@@ -24,7 +23,7 @@ from rlbalance.runtime.actor import (
 from rlbalance.runtime.actor_pool import ActorPool
 from rlbalance.runtime.buffers import RolloutBuffers, SharedWeights, StepSlots
 from rlbalance.runtime.inference import InferenceServer
-from rlbalance.runtime.session import Session
+from rlbalance.runtime.session import Session, take_inference_figures
 
 
 def run_serial(cfg: Config, spec: EnvSpec, learner, session: Session) -> None:
@@ -119,15 +118,7 @@ def _check_health(pool: ActorPool, server) -> None:
 def _drain_stats(pool: ActorPool, session: Session, server, final: bool = False) -> None:
     for role, _i, snap in pool.take_stats():
         session.role_snapshot(role, snap)
-    if server is not None and (final or server.timer.elapsed() > 1.0):
-        session.role_snapshot("inference", server.timer.snapshot(reset=True))
-        if server.gpu_busy_s:
-            session.gpu_timer.add("inference", server.gpu_busy_s)
-            server.gpu_busy_s = 0.0
-        sizes, server.batch_sizes = server.batch_sizes, []
-        if sizes:
-            session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))
-            if session.warm:
-                session.batch_sizes.update(sizes)
+    if server is not None:
+        take_inference_figures(session, server, final)
     session.extra_scalars["queue/full"] = float(len(pool.full))
     session.extra_scalars["queue/at_actors"] = float(len(pool.at_actor))

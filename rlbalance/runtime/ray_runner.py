@@ -40,7 +40,7 @@ from rlbalance.runtime.actor import UnrollWriter, exploration, net_step, unroll_
 from rlbalance.runtime.actor_pool import START_TIMEOUT_S
 from rlbalance.runtime.buffers import RolloutBuffers
 from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect, worker_class
-from rlbalance.runtime.session import Session
+from rlbalance.runtime.session import Session, take_inference_figures
 
 # -- the actor side ---------------------------------------------------------------------------------
 
@@ -410,13 +410,8 @@ def _drain(stats_q, session: Session, feeder: RayFeeder, full_q, free_q, final: 
             break
         session.role_snapshot("actor", rep["stages"])
         session.nodes.add(rep)
-    if feeder.central and (final or feeder.timer.elapsed() > 1.0):
-        session.role_snapshot("inference", feeder.timer.snapshot(reset=True))
-        sizes, feeder.batch_sizes = feeder.batch_sizes, []
-        if sizes:
-            session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))
-            if session.warm:
-                session.batch_sizes.update(sizes)
+    if feeder.central:
+        take_inference_figures(session, feeder, final)
     session.extra_scalars["queue/full"] = float(full_q.qsize())
     session.extra_scalars["queue/free"] = float(free_q.qsize())
 

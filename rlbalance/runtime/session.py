@@ -76,6 +76,23 @@ def update_figures(batch: dict[str, torch.Tensor], stats: dict[str, float], upda
     return rets, lens, float(updates - 1 - batch["version"].float().mean())
 
 
+def take_inference_figures(session, server, final: bool = False) -> None:
+    """The central inference role's figures since the last take, about once a second (and at the end), into a
+    session (a ``Session``, or a learner rank's ``RankSession``): its stage times, its device busy time, its batch
+    sizes. ``server``: the inference server, or the Ray feeder."""
+    if not (final or server.timer.elapsed() > 1.0):
+        return
+    session.role_snapshot("inference", server.timer.snapshot(reset=True))
+    if getattr(server, "gpu_busy_s", 0.0):
+        session.gpu_timer.add("inference", server.gpu_busy_s)
+        server.gpu_busy_s = 0.0
+    sizes, server.batch_sizes = server.batch_sizes, []
+    if sizes:
+        session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))
+        if session.warm:
+            session.batch_sizes.update(sizes)
+
+
 def _timed(warm: RoleShares | None, whole: RoleShares | None) -> tuple[RoleShares, bool]:
     """(The figures to report, whether they are the after-warm-up ones): those after warm-up where the learner has
     timed stages there, else the whole run's (a run about as short as the warm-up may have only a stage-less last

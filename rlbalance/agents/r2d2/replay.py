@@ -4,6 +4,7 @@ consecutive unrolls of each env."""
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -172,6 +173,21 @@ class SequenceReplay:
         return self.sampled / self.inserted if self.inserted else 0.0
 
 
+class Piece(NamedTuple):
+    """One env's share of one unroll, as the assembler chains them: its number, its T + 1 observations, and rows
+    0..T-1 of its actions, rewards, cuts (done or time limit), the Q-values acted by; the state row 0 started
+    from; the time limits inside it (row, the episode's last observation)."""
+
+    unroll: int
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    cut: np.ndarray
+    core: np.ndarray
+    q: np.ndarray
+    limits: list
+
+
 class SequenceAssembler:
     """Sequences of ``units`` consecutive unrolls of one env: each new unroll of an env completes the sequence made
     of it and the ``units - 1`` before it (so consecutive sequences overlap by all but one unroll, as R2D2's replay
@@ -202,11 +218,11 @@ class SequenceAssembler:
                 col = i * k + e
                 key = (clients[i], e)
                 limit = np.flatnonzero(truncated[:-1, col]) if final_obs is not None else np.zeros(0, np.int64)
-                piece = (unrolls[i], obs[:, col].copy(), action[:-1, col].copy(), reward[:-1, col].copy(),
-                         cut[:-1, col].copy(), core[col].copy(), q[:-1, col].copy(),
-                         [(int(r), final_obs[r, col].numpy().copy()) for r in limit])
+                piece = Piece(unrolls[i], obs[:, col].copy(), action[:-1, col].copy(), reward[:-1, col].copy(),
+                              cut[:-1, col].copy(), core[col].copy(), q[:-1, col].copy(),
+                              [(int(r), final_obs[r, col].numpy().copy()) for r in limit])
                 chain = self.chains.get(key)
-                if chain is None or chain[-1][0] + 1 != piece[0]:
+                if chain is None or chain[-1].unroll + 1 != piece.unroll:
                     chain = self.chains[key] = deque(maxlen=self.units)
                 chain.append(piece)
                 if len(chain) == self.units:
@@ -216,26 +232,26 @@ class SequenceAssembler:
         return self._stack(out)
 
     @staticmethod
-    def _stack(seqs: list[list]) -> dict[str, np.ndarray]:
-        def rows(j: int, last=None) -> np.ndarray:
-            parts = [[p[j] if j != 1 else p[1][:-1] for p in s] for s in seqs]
+    def _stack(seqs: list[list[Piece]]) -> dict[str, np.ndarray]:
+        def rows(name: str, last=None) -> np.ndarray:
+            parts = [[getattr(p, name) if name != "obs" else p.obs[:-1] for p in s] for s in seqs]
             x = np.stack([np.concatenate(ps) for ps in parts])  # [B, units*T, ...]
             if last is None:  # the bootstrap row: the last unroll's row T
-                return np.concatenate([x, np.stack([s[-1][1][-1:] for s in seqs])], axis=1)
+                return np.concatenate([x, np.stack([s[-1].obs[-1:] for s in seqs])], axis=1)
             return np.concatenate([x, np.full((x.shape[0], 1, *x.shape[2:]), last, dtype=x.dtype)], axis=1)
 
-        obs = rows(1)
-        action, reward, cut, q = rows(2, 0), rows(3, 0), rows(4, False), rows(6, 0.0)
+        obs = rows("obs")
+        action, reward, cut, q = rows("action", 0), rows("reward", 0), rows("cut", False), rows("q", 0.0)
         first = np.zeros_like(cut)
         first[:, 1:] = cut[:, :-1]  # (the rule the actors reset their states by)
         # A time limit's row and last observation: the last one in the sequence (the loss is taken on its end; one
         # is the most a sequence meets unless episodes are shorter than it: any earlier one then ends like a terminal)
-        t = len(seqs[0][0][2])
+        t = len(seqs[0][0].action)
         trunc_row = np.full(len(seqs), -1, dtype=np.int64)
         final_obs = np.zeros((len(seqs), *obs.shape[2:]), dtype=obs.dtype)
         for j, s in enumerate(seqs):
-            limits = [(u * t + r, o) for u, p in enumerate(s) for r, o in p[7]]
+            limits = [(u * t + r, o) for u, p in enumerate(s) for r, o in p.limits]
             if limits:
                 trunc_row[j], final_obs[j] = limits[-1]
         return {"obs": obs, "action": action, "reward": reward, "done": cut, "first": first, "q": q,
-                "core": np.stack([s[0][5] for s in seqs]), "trunc_row": trunc_row, "final_obs": final_obs}
+                "core": np.stack([s[0].core for s in seqs]), "trunc_row": trunc_row, "final_obs": final_obs}

@@ -46,7 +46,7 @@ class Learner(LearnerBase):
         from rlbalance.core import distributed as dist
 
         self.world = dist.world_size() if distributed else 1
-        self.action = model.action  # the action space's distribution (rlbalance.distributions)
+        self.action = model.action  # the action space's distribution (rlbalance.envs.spaces)
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=cfg.learning_rate, eps=cfg.adam_eps)
         self.updates = 0

@@ -12,7 +12,7 @@ from rlbalance.envs.spaces import ActionSpec
 class ActorCritic(nn.Module):
     """``forward(obs) -> (policy parameters [N, P], value [N])``; uint8 observations are scaled to [0, 1].
 
-    The policy parameters are those of ``action`` (rlbalance.distributions): logits for discrete spaces,
+    The policy parameters are those of ``action`` (rlbalance.envs.spaces): logits for discrete spaces,
     [mean, log_std] for a Box (the log-std a state-independent parameter)."""
 
     def __init__(self, torso: nn.Module, torso_out: int, num_actions: int | ActionSpec,

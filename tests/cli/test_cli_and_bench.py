@@ -36,7 +36,7 @@ def _strict(path):
 
 
 def test_every_committed_result_file_is_strict_json():
-    results = Path(__file__).resolve().parent.parent / "bench" / "results"
+    results = Path(__file__).resolve().parents[2] / "bench" / "results"
     files = [p for p in results.rglob("*.json") if not {"runs", "scratch"} & set(p.relative_to(results).parts)]
     assert len(files) > 20
     for p in files:
@@ -182,7 +182,7 @@ def test_version(capsys):
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"rlbalance {rlbalance.__version__}"
-    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == rlbalance.__version__
 
 
@@ -255,7 +255,7 @@ def test_wheel_holds_only_rlbalance_and_works_outside_the_source_tree(tmp_path):
     import os
     import zipfile
 
-    root = Path(__file__).parents[1]
+    root = Path(__file__).parents[2]
     import importlib.util
 
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
