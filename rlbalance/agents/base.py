@@ -92,8 +92,10 @@ class Agent:
 
     def state_size(self, cfg, spec) -> int:
         """One env's recurrent state size (0: feed-forward): what buffers and slots hold for it. The net's own
-        ``state_size`` is the one place it is computed."""
-        return int(getattr(self.build_net(cfg, spec), "state_size", 0))
+        ``state_size`` is the one place it is computed (built here with the global RNG put back as it was, so
+        asking leaves a run's random numbers as they were)."""
+        with torch.random.fork_rng(devices=[]):
+            return int(getattr(self.build_net(cfg, spec), "state_size", 0))
 
     def make_learner(self, net: nn.Module, cfg, spec, device: torch.device, step_lock=None,
                      distributed: bool = False) -> LearnerBase:

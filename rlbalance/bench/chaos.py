@@ -179,6 +179,11 @@ def run_chaos(minutes: float, out: Path, seed: int = 0, fault_every_s: float | N
                         and _checkpoints(run) and not killed:
                     victim = _learner_rank(root, 1)
                     if victim is not None:
+                        for pid in stopped:  # a hung actor of that rank must see its learner die, as below
+                            try:
+                                os.kill(pid, signal.SIGCONT)
+                            except ProcessLookupError:
+                                pass
                         os.kill(victim.pid, signal.SIGKILL)
                         killed = True
                         trained = now - t_train0
@@ -260,10 +265,18 @@ def run_chaos(minutes: float, out: Path, seed: int = 0, fault_every_s: float | N
         "shm_files_leaked": leaked_shm, "checks": checks,
         "curve": [(r["time_s"], r["session"], r["steps"], r.get("episode_return")) for r in recs],
     }
-    if baseline:
-        result["baseline"] = _baseline(common, runs, f"undisturbed-{stamp}", seconds, out, progress)
+    if baseline:  # (Ray: on a cluster of its own, the chaos run's is gone)
+        fresh = _RayCluster() if cluster is not None else None
+        try:
+            base = [fresh.address if fresh is not None and a == cluster.address else a for a in common]
+            result["baseline"] = _baseline(base, runs, f"undisturbed-{stamp}", seconds, out, progress)
+        finally:
+            if fresh is not None:
+                fresh.shutdown()
     result["ok"] = (not hung and not leaked_procs and not leaked_shm and all(c["ok"] for c in checks.values())
-                    and sessions[-1]["exit_code"] == 0)
+                    and sessions[-1]["exit_code"] == 0
+                    # two learner processes: rank 0 stopped the run itself (an error naming the dead rank)
+                    and (path != "ddp" or sessions[0]["exit_code"] not in (0, None, -signal.SIGKILL)))
     _write(result, out)
     return result
 
@@ -311,8 +324,11 @@ def _check_run(run: Path, sessions: list[dict]) -> dict:
 def _baseline(common: list[str], runs: Path, name: str, seconds: float, out: Path, progress) -> dict:
     progress(f"undisturbed reference run: {seconds:.0f} s of training")
     with open(runs / f"{name}.log", "w") as log:
-        rc = subprocess.call(_train_cmd([*common, "--run.name", name, "--run.max_seconds", str(seconds)]),
-                             stdout=log, stderr=subprocess.STDOUT)
+        try:
+            rc = subprocess.call(_train_cmd([*common, "--run.name", name, "--run.max_seconds", str(seconds)]),
+                                 stdout=log, stderr=subprocess.STDOUT, timeout=seconds + 600)
+        except subprocess.TimeoutExpired:
+            rc = None
     run = runs / name
     s = _strict_json((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     recs = _metrics(run)

@@ -42,10 +42,7 @@ from rlbalance.runtime.buffers import RolloutBuffers
 from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect, worker_class
 from rlbalance.runtime.session import Session, take_inference_figures
 
-# -- the actor side ---------------------------------------------------------------------------------
-
-
-# -- the learner side -------------------------------------------------------------------------------
+# -- the learner side (the actor side, EnvWorker, is in ray_workers) ------------------------------------
 
 
 @dataclass
@@ -246,6 +243,8 @@ class RayFeeder(threading.Thread):
             answered = []
             for ref in ready:
                 g = inflight[ref]
+                if g.ref is not ref:  # voided meanwhile: a sibling group's call failed and _fail reset its actor's
+                    continue
                 g.ref = None
                 try:
                     reply = ray.get(ref)
@@ -259,7 +258,7 @@ class RayFeeder(threading.Thread):
                         answered.append(g)
                 else:
                     self._on_unroll(g, reply)
-            self._serve(answered)
+            self._serve([g for g in answered if g.writer is not None])  # (less groups a sibling's failure voided)
             now = time.monotonic()
             for g in self.groups:  # a call outstanding too long: the actor hangs (a starting one gets longer)
                 limit = self.timeout if self.actors.replied[g.actor] else max(self.timeout, START_TIMEOUT_S)

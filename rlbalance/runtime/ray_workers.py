@@ -102,7 +102,7 @@ class EnvWorker:
         self._cpu0 = sum(self.proc.cpu_times()[:2])
         psutil.cpu_percent(None)
         self._last_report = time.perf_counter()
-        self.local = None  # actor-side inference: (model, rollouts, buffers), built on first use
+        self.local = None  # actor-side inference: (model, rollouts, buffers, version), built on first use
 
     def info(self) -> dict:
         return dict(self.node, actor=self.actor_id, restarted=self.restarted)
@@ -134,22 +134,24 @@ class EnvWorker:
             cfg = self.cfg
             spec = self.envs[0].spec
             model = registry.build_model(cfg.learner, spec)
+            self.local = (model, None, None, {"version": 0})
+        model, rollouts, bufs, state = self.local
+        if weights is not None:
+            with self.timer.stage("weight_sync"), torch.no_grad():
+                torch.nn.utils.vector_to_parameters(torch.as_tensor(weights), model.parameters())
+            state["version"] = version
+        if rollouts is None:  # (after the first weights: a Rollout asks for its first actions as it starts)
+            cfg = self.cfg
             gen = torch.Generator().manual_seed(client_seed(cfg, self.actor_id * cfg.actors.env_groups) + 1)
-            state = {"version": 0}
             explore = exploration(cfg)
             k, g = cfg.actors.envs_per_actor, cfg.actors.env_groups
             clients = [self.actor_id * g + i for i in range(g)]
             rollouts = [Rollout(e, DirectPolicy(model, k, gen, lambda: state["version"],
                                                 None if explore is None else explore[c]),
                                 self.timer, c, unroll_base(self.life)) for e, c in zip(self.envs, clients)]
-            bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, spec, shared=False,
-                                           core_size=registry.core_state_size(cfg.learner, spec))
+            bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, self.envs[0].spec, shared=False,
+                                           core_size=registry.core_state_size(cfg.learner, self.envs[0].spec))
             self.local = (model, rollouts, bufs, state)
-        model, rollouts, bufs, state = self.local
-        if weights is not None:
-            with self.timer.stage("weight_sync"), torch.no_grad():
-                torch.nn.utils.vector_to_parameters(torch.as_tensor(weights), model.parameters())
-            state["version"] = version
         rollouts[group].fill(bufs.view(0))
         out = ({f.name: getattr(bufs, f.name)[0].numpy() for f in fields(bufs)}, self._report())
         self._t_out = time.perf_counter()

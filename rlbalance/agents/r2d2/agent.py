@@ -17,6 +17,7 @@ from rlbalance.agents.r2d2.learner import R2D2Learner, R2D2Settings
 from rlbalance.agents.r2d2.net import R2D2Net
 from rlbalance.agents.r2d2.replay import SequenceAssembler, SequenceReplay
 from rlbalance.core.distributed import all_min
+from rlbalance.core.distributed import rank as dist_rank
 from rlbalance.core.distributed import world_size as dist_world_size
 from rlbalance.core.errors import ConfigError
 from rlbalance.telemetry.metrics import EpisodeStats
@@ -25,7 +26,7 @@ GREEDY_EPSILON = 0.01  # envs exploring at most this often count as the near-gre
 
 
 class R2D2Agent(LearnerBase):
-    """R2D2 behind the V-trace ``Learner``'s interface (``train(batch)``, ``updates``, ``steps``, ``model``,
+    """R2D2 behind the learners' interface (``LearnerBase``: ``train(batch)``, ``updates``, ``steps``, ``model``,
     ``state_dict``): each batch of unrolls becomes sequences in the replay; then gradient steps on prioritised
     samples until the replay ratio asked for (r2d2.replay_ratio sequences sampled per sequence inserted, counted
     from r2d2.learning_starts) is met. The learner takes its next batch of unrolls only after those steps, so where
@@ -35,7 +36,8 @@ class R2D2Agent(LearnerBase):
     With several learner processes (learner.devices > 1) each rank keeps a replay of its own actors' sequences (no
     sequence crosses processes: nothing but gradients and two counts per step do) and all take as many gradient steps,
     the fewest any rank's replay ratio asks for, with the gradients averaged at each (DistributedDataParallel): one
-    step is learner.devices x r2d2.batch_size sequences, and the ratio holds per rank."""
+    step is learner.devices x r2d2.batch_size sequences. The rank whose replay asks for the fewest steps holds the
+    asked ratio; another (one whose actor restarted and broke its chains, say) may sample a little below it."""
 
     def __init__(self, model: R2D2Net, cfg, device: torch.device, obs_shape: tuple[int, ...], obs_dtype,
                  step_lock=None, distributed: bool = False):
@@ -51,14 +53,16 @@ class R2D2Agent(LearnerBase):
         units = (r.burn_in + r.sequence_length) // lc.unroll_length
         self.assembler = SequenceAssembler(units)
         self.replay = SequenceReplay(r.replay_size, r.rows, obs_shape, obs_dtype,
-                                     model.state_size, alpha=r.priority_exponent, seed=cfg.run.seed,
+                                     model.state_size, alpha=r.priority_exponent,
+                                     seed=cfg.run.seed + 1_000_003 * dist_rank() if self.world > 1 else cfg.run.seed,
                                      field="r2d2.replay_size", num_actions=model.num_actions)
         self.steps = 0
         self.last: dict[str, float] = {}
         self.totals = {"insert_s": 0.0, "sample_s": 0.0, "priority_s": 0.0}
         # The episodes of the envs that explore least (epsilon <= GREEDY_EPSILON on the ladder): the reported return
         # mixes in envs acting at random up to r2d2.epsilon_base of the time, which understates the policy
-        self.env_epsilon = env_epsilons(cfg)
+        # (with several learner processes each rank's actors run the ladder over their own envs: rank_config's)
+        self.env_epsilon = env_epsilons(cfg.rank_config(dist_rank()) if self.world > 1 else cfg)
         self.greedy_episodes = EpisodeStats()
 
     @property
@@ -232,10 +236,7 @@ class R2D2(Agent):
     unused_fields = frozenset({("learner", "batch_size"), ("learner", "epochs"), ("learner", "minibatches")})
     workload_fields = (("r2d2", "batch_size"), ("r2d2", "sequence_length"), ("r2d2", "burn_in"), ("r2d2", "replay_ratio"))
 
-    def check(self, cfg, spec) -> None:
-        if spec.action.kind != "discrete":
-            raise ConfigError(f"learner.agent=r2d2 needs a Discrete action space (Q-learning over actions); this env "
-                              f"has {spec.action.describe()}: use learner.agent=vtrace")
+    def check(self, cfg, spec) -> None:  # (a non-Discrete action space: build_net refuses it first)
         # a replay that would not fit fails here, before the run directory exists; with several learner processes
         # each keeps a replay of its own actors' sequences (see R2D2Agent), all of them on this node's memory
         r, n = cfg.r2d2, cfg.learner.devices

@@ -50,7 +50,8 @@ def sequence_priorities(td: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
 
 
 def env_epsilons(cfg) -> np.ndarray:
-    """Each env's exploration rate in a run [clients, K]: the ladder over all the run's envs, in client order."""
+    """Each env's exploration rate [clients, K]: the ladder over all the envs of ``cfg``, in client order (a learner
+    rank's config where there are several learner processes: each rank's actors span the whole ladder)."""
     k = cfg.actors.envs_per_actor
     return epsilon_ladder(cfg.num_clients * k, cfg.r2d2.epsilon_base, cfg.r2d2.epsilon_alpha).reshape(-1, k)
 
