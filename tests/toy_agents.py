@@ -105,7 +105,7 @@ class Reinforce(Agent):
 
     def sized(self, cfg, batch_size: int):
         return replace(cfg, actors=replace(cfg.actors, envs_per_actor=batch_size),
-                       learner=replace(cfg.learner, batch_size=batch_size))
+                       inference=replace(cfg.inference, max_batch=0), learner=replace(cfg.learner, batch_size=batch_size))
 
     def learner_work(self, cfg) -> dict:
         t, b = cfg.learner.unroll_length, cfg.learner.batch_size

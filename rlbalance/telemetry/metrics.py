@@ -104,7 +104,7 @@ class MetricsLogger:
             for k, v in scalars.items():
                 self.tb.add_scalar(k, v, steps)
         if self.wb is not None and steps > self._wb_step:  # W&B takes increasing steps only (a resume repeats some)
-            self.wb.log(scalars, step=steps)
+            self.wb.log(scalars, step=steps, commit=True)  # (a row per record, written now: not held for the next)
             self._wb_step = steps
         return rec
 

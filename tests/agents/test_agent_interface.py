@@ -40,6 +40,7 @@ def test_a_test_agent_trains_on_the_local_runners(cfg_factory, mode, inference):
                               inference={"mode": inference})))
 
 
+@pytest.mark.slow
 def test_a_test_agent_trains_with_ray_actors(cfg_factory):
     pytest.importorskip("ray")
     _check_trained(train(_toy(cfg_factory, "toy-ray", ray={"address": "local", "num_cpus": 2})))

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from rlbalance import config as C
 from rlbalance.analysis.ratio import analyse, ratio_figure, write_outputs
 from rlbalance.analysis.sweep import expand, load_rows, parse_axes, run_sweep
@@ -36,6 +38,7 @@ def test_bad_axis_named_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.slow
 def test_sweep_shape_knee_where_verdict_flips(tmp_path):
     # Each actor is given a fifth of this machine's learner ceiling (measured first, so a slower machine gets
     # slower envs and the same shape): 1 and 2 actors are actor-bound, 8 are learner-bound.
@@ -192,6 +195,7 @@ def test_schema1_database_is_upgraded_and_a_newer_one_refused(tmp_path):
         open_db(path)
 
 
+@pytest.mark.slow
 def test_sweep_with_repeats_stores_the_spread_and_resumes_after_a_kill(tmp_path):
     """rlbalance sweep --repeats 3: killed mid-way and run again, every point ends with exactly 3 runs (none lost,
     none repeated), the sweeps table holds the arguments, and the ratio page draws the spread."""

@@ -43,6 +43,7 @@ def test_every_committed_result_file_is_strict_json():
         _strict(p)
 
 
+@pytest.mark.slow
 def test_bench_trainer_tiny(tmp_path):
     from rlbalance.bench.trainer import run_workload, write_results
 
@@ -78,6 +79,7 @@ def test_telemetry_overhead_bench_tiny(tmp_path):
     assert (tmp_path / "telemetry-overhead.png").exists()
 
 
+@pytest.mark.slow
 def test_sweep_bench_tiny(tmp_path):
     from rlbalance.bench.sweep_bench import run_bench_sweep
 
@@ -90,6 +92,7 @@ def test_sweep_bench_tiny(tmp_path):
     assert (tmp_path / "sweep" / "sweep.db").exists()
 
 
+@pytest.mark.slow
 def test_planner_bench_tiny_and_resumed(tmp_path, capsys):
     from rlbalance.bench.planner_validation import parse_workloads, run_validation
     from rlbalance.core.errors import ConfigError
@@ -118,6 +121,7 @@ def test_planner_bench_tiny_and_resumed(tmp_path, capsys):
     assert set(_strict(tmp_path / "planner" / "planner-validation.json")["workloads"]) == {"synthetic-20us", "synthetic"}
 
 
+@pytest.mark.slow
 def test_seeds_bench_tiny(tmp_path, capsys):
     assert main(["bench", "seeds", "--seeds", "2", "--steps", "4000", "--out", str(tmp_path),
                  "--set", "learner.max_grad_norm=2"]) == 0
@@ -249,6 +253,7 @@ def test_shell_completion_of_commands_and_config_fields(tmp_path):
     assert complete("rlbalance train --learner.batch") == ["--learner.batch_size"]
 
 
+@pytest.mark.slow
 def test_wheel_holds_only_rlbalance_and_works_outside_the_source_tree(tmp_path):
     """The built wheel installs one top-level package, `rlbalance` (the benchmarks inside it), with its data;
     installed apart from the source tree, `--version`, `bench trainer --help` and a short training run work."""

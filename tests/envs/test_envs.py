@@ -160,6 +160,7 @@ def test_pong_unrolls_line_up(backend):
     assert obs.std(axis=(0, 1, 2)).max() > 0  # frames change
 
 
+@pytest.mark.slow
 def test_custom_env_from_the_cli_learns_in_actor_processes(tmp_path):
     """`--env.id module:EnvId`: the module is imported in the learner and in every actor; its Discrete
     observations arrive one-hot; a corridor walk is learned."""

@@ -66,6 +66,7 @@ def _train(tmp_path, env_id, name, steps, *extra):
     return json.load(open(tmp_path / name / "summary.json"))
 
 
+@pytest.mark.slow
 def test_multi_discrete_learns_with_central_inference(tmp_path):
     """Three independent bits to copy: a random policy scores 5 per episode, the best 10."""
     s = _train(tmp_path, "custom_envs:Switches-v0", "switches", 60_000, "--actors.num_actors", "2")
@@ -73,12 +74,14 @@ def test_multi_discrete_learns_with_central_inference(tmp_path):
     assert s["episode_return_last100"] >= 7.5, s
 
 
+@pytest.mark.slow
 def test_multi_binary_learns_with_actor_side_inference(tmp_path):
     s = _train(tmp_path, "custom_envs:Bits-v0", "bits", 60_000, "--inference.mode", "actor")
     assert s["action_space"] == "MultiBinary(3)"
     assert s["episode_return_last100"] >= 7.5, s
 
 
+@pytest.mark.slow
 def test_box_actions_learn(tmp_path):
     """A 2-d target to hit with Box(-1, 1) actions (a random policy scores about -13, the best 0); the
     continuous preset is picked from the action space."""

@@ -53,6 +53,7 @@ def _rank(rank: int, world: int, port: int, updates: int, out: dict) -> None:
         distributed.close()
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_make_the_one_learner_update():
     from rlbalance.core.distributed import free_port
 
@@ -115,6 +116,7 @@ def test_cartpole_learns_with_two_gloo_learner_ranks(cfg_factory):
     assert tel["data_parallel"]["summed_batch_unrolls"] == 2 * C.build({}).learner.batch_size
 
 
+@pytest.mark.slow
 def test_a_killed_learner_rank_stops_the_run_cleanly_and_it_resumes(tmp_path):
     """kill -9 of learner rank 1: the run stops with an error naming the rank, writes a checkpoint that resumes,
     and leaves no process or shared-memory file of its own behind."""
@@ -185,6 +187,7 @@ def test_a_killed_learner_rank_stops_the_run_cleanly_and_it_resumes(tmp_path):
     assert set(resumed["learner_ranks"]) == {"0", "1"}
 
 
+@pytest.mark.slow
 def test_sweep_over_learner_ranks_records_each_rank_and_halves_r(tmp_path):
     """A sweep of learner.devices=1,2 (ddp) with 2 actors: R = actor cores per learner device halves, and the
     2-rank point keeps each rank's stage shares and inference batch."""
@@ -204,6 +207,7 @@ def test_sweep_over_learner_ranks_records_each_rank_and_halves_r(tmp_path):
     assert r_of[2] == r_of[1] / 2 == 1
 
 
+@pytest.mark.slow
 def test_torchrun_launches_the_learner_ranks(tmp_path):
     """torchrun --nproc-per-node 2 -m rlbalance train --learner.devices 2: rank 0 keeps the run directory, rank 1
     joins it (the same code path as between nodes)."""
@@ -263,6 +267,7 @@ def test_a_non_finite_loss_on_any_rank_stops_every_rank(cfg_factory):
     assert not left, [" ".join(p.cmdline())[-80:] for p in left]
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_rank_0_stops_every_rank_with_the_final_report(tmp_path):
     import json
     import os

@@ -23,6 +23,7 @@ SYN = {"id": "synthetic", "synthetic_step_us": 20.0}
 HANG_TIMEOUT = 3.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["raise:300", "kill:300", "hang:300"])
 def test_actor_fault_is_restarted_and_training_goes_on(cfg_factory, fault):
     s = train(cfg_factory(env={**SYN, "synthetic_fault": fault},
@@ -61,6 +62,7 @@ def test_nan_loss_stops_with_diagnostic_and_keeps_last_good_checkpoint(cfg_facto
     assert all(torch.isfinite(v).all() for v in state["model"].values())  # the last good weights
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_whole_run_then_resume(tmp_path):
     cmd = [sys.executable, "-m", "rlbalance", "train", "--run.out_dir", str(tmp_path), "--run.name", "k9",
            "--run.checkpoint_interval_s", "1", "--run.total_steps", "100000000", "--telemetry.progress", "false",
@@ -104,6 +106,7 @@ def test_model_that_cannot_take_the_observations(cfg_factory):
         train(cfg_factory(learner={"model": "nature_cnn"}, run={"name": "cnn-on-cartpole"}))
 
 
+@pytest.mark.slow
 def test_nothing_listens_on_the_network(cfg_factory):
     import psutil
 
@@ -141,6 +144,7 @@ def _actor_pids(min_age_s: float = 0.0) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_actors_killed_at_random_moments_never_hang_the_run(cfg_factory, monkeypatch):
     """20 SIGKILLs of actors at random moments of a learner-bound run (an actor can die while it writes a
     buffer, sends on its pipes or waits for the learner): the run completes, with one restart per kill."""
@@ -222,6 +226,7 @@ def test_every_json_file_of_a_run_is_strict_json(cfg_factory, episodes):
     assert (summary["episode_return_last100"] is None) == (episodes == 0)
 
 
+@pytest.mark.slow
 def test_resume_of_a_live_run_is_refused(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "rlbalance", "train", "--run.out_dir", str(tmp_path), "--run.name",
                              "live", "--run.total_steps", "100000000", "--telemetry.progress", "false",
@@ -250,6 +255,7 @@ def test_resume_of_a_live_run_is_refused(tmp_path):
     assert json.load(open(run.path / "summary.json"))["outcome"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_env_with_the_same_shapes_is_refused(cfg_factory):
     # a synthetic env shaped like CartPole (4 observations, 2 actions): same parameter shapes, another task
     s_syn = train(cfg_factory(env={"id": "synthetic", "synthetic_obs_shape": [4], "synthetic_actions": 2},
@@ -275,6 +281,7 @@ def test_checkpoint_of_another_env_with_the_same_shapes_is_refused(cfg_factory):
     assert {f: (cp.path / f).read_bytes() for f in before} == before  # nothing written
 
 
+@pytest.mark.slow
 def test_disk_full_is_a_clear_error_and_the_run_resumes_once_there_is_space(cfg_factory, monkeypatch):
     import errno
 
@@ -323,6 +330,7 @@ def test_exit_codes_are_distinct(tmp_path):
     # interrupted (130): test_sigint_stops_everything_and_checkpoints in test_train.py
 
 
+@pytest.mark.slow
 def test_restarted_actor_that_never_steps_is_restarted_again(cfg_factory, monkeypatch):
     """An actor restarted after a fault and then stopped (SIGSTOP) before its first step is restarted once
     its start-up time is over, instead of being waited on forever."""
@@ -360,6 +368,7 @@ def test_restarted_actor_that_never_steps_is_restarted_again(cfg_factory, monkey
     assert stopped[0] not in _actor_pids()
 
 
+@pytest.mark.slow
 def test_run_end_kills_an_actor_that_ignores_sigterm(cfg_factory, monkeypatch):
     """An actor stopped (SIGSTOP) when the run ends cannot act on SIGTERM: the learner kills it rather than
     leave it behind (or hang in multiprocessing's exit-time join)."""
@@ -392,6 +401,7 @@ def test_run_end_kills_an_actor_that_ignores_sigterm(cfg_factory, monkeypatch):
     assert stopped[0] not in left and not left
 
 
+@pytest.mark.slow
 def test_chaos_bench_short(tmp_path, capsys):
     """`rlbalance bench chaos`, short: actors killed, hung and crashed at random, the learner killed with
     SIGKILL and resumed; the run ends, nothing is lost or leaked, and the report files are written."""

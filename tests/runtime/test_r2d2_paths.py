@@ -28,12 +28,17 @@ def _cfg(cfg_factory, name: str, path: str, **sections):
     return cfg_factory(**C.merge(base, PATHS[path], sections))
 
 
+# the Ray and two-learner paths take 10-40 s each: the full suite runs them, the fast tier the local two
+SLOW = ("ray-central", "ray-actor", "two-learners")
+TIERED = [pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p for p in PATHS]
+
+
 def _needs(path: str) -> None:
     if path.startswith("ray"):
         pytest.importorskip("ray")
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", TIERED)
 def test_the_learner_sees_the_q_values_the_actors_acted_by_on_every_path(cfg_factory, path):
     _needs(path)
     s = train(_cfg(cfg_factory, f"gap-{path}", path, learner={"learning_rate": 1e-12},
@@ -46,7 +51,7 @@ def test_the_learner_sees_the_q_values_the_actors_acted_by_on_every_path(cfg_fac
     assert rp["sampled"] >= rp["ratio_asked"] * (rp["inserted"] - rp["learning_starts"])
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", TIERED)
 def test_r2d2_resumes_on_every_path(cfg_factory, path):
     _needs(path)
     s = train(_cfg(cfg_factory, f"resume-{path}", path, run={"total_steps": 5_000}))
@@ -55,6 +60,7 @@ def test_r2d2_resumes_on_every_path(cfg_factory, path):
     assert s2["replay"]["inserted"] < s2["steps"] / 10  # refilled with this session's sequences
 
 
+@pytest.mark.slow
 def test_recurrent_vtrace_with_ray_actors(cfg_factory):
     """A recurrent V-trace policy on Ray actors: the policy lag check of the local runners (|log pi/mu| at still
     weights is float noise) holds, so the core states the feeder keeps are the ones the learner replays."""

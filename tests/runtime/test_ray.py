@@ -71,6 +71,7 @@ def test_cartpole_learns_with_actors_on_two_nodes(cluster, cfg_factory):
     assert "Ray nodes: CPU utilisation" in page and page.count("Ray node 127.0.0.1/") == 2
 
 
+@pytest.mark.slow
 def test_second_node_killed_mid_run_training_goes_on(cluster, cfg_factory):
     cfg = cfg_factory(env={"id": "synthetic", "synthetic_step_us": 20.0},
                       ray={"address": cluster.address}, actors={"num_actors": 2, "heartbeat_timeout_s": 20.0},
@@ -108,6 +109,7 @@ def test_second_node_killed_mid_run_training_goes_on(cluster, cfg_factory):
     assert ckpts_after, "checkpoints are still there"
 
 
+@pytest.mark.slow
 def test_two_learner_ranks_each_serve_their_own_ray_actors(cluster, cfg_factory):
     """learner.devices=2 with Ray actors: each learner process joins the cluster and serves its own share of the
     actors (one each); both ranks train, the summary has each rank's figures, and the per-node CPU figures count
@@ -138,6 +140,7 @@ def _fault_actors(fault: str) -> dict:
     return {"heartbeat_timeout_s": 30.0}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["kill:300", "hang:300"])
 def test_ray_actor_fault_is_restarted(cfg_factory, fault):
     s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 20.0, "synthetic_fault": fault},
@@ -157,6 +160,7 @@ def test_ray_actor_fault_is_restarted(cfg_factory, fault):
     assert s["actor_seconds_lost"] > (HANG_TIMEOUT if fault.startswith("hang") else 0.0)
 
 
+@pytest.mark.slow
 def test_actor_side_inference_on_ray(cfg_factory):
     s = train(cfg_factory(inference={"mode": "actor"}, ray={"address": "local", "num_cpus": 2},
                           actors={"env_groups": 1, "buffers_per_actor": 2},
@@ -167,6 +171,7 @@ def test_actor_side_inference_on_ray(cfg_factory):
     assert tel["stage_shares"]["actor"]["env_step"] > 0 and "weight_sync" in tel["stage_shares"]["actor"]
 
 
+@pytest.mark.slow
 def test_custom_env_from_the_cli_with_ray_actors(tmp_path, monkeypatch):
     """The README's own-env route with Ray actors: `--env.id custom_envs:Target-v0` (Box actions, so the
     continuous preset and a Gaussian policy); the Ray workers import the module from where the learner found it."""
@@ -193,6 +198,7 @@ def test_ray_config_errors_name_the_field():
         C.build({"ray": {"cpus_per_actor": 0}})
 
 
+@pytest.mark.slow
 def test_sweep_and_ratio_with_ray_actors(tmp_path):
     # A Ray point's actor cores are the CPUs its actors reserve: 2 actors x 0.5 and x 1 CPU -> R = 1 and 2
     from rlbalance.analysis.ratio import analyse

@@ -36,6 +36,7 @@ def test_run_directory_has_everything(cfg_factory):
     assert summary["outcome"] == "completed" and summary["steps"] >= 15_000
 
 
+@pytest.mark.slow
 def test_resume_continues_counters_exactly(cfg_factory):
     s1 = train(cfg_factory(run={"total_steps": 10_000, "name": "res"}))
     state = RunDir(s1["run_dir"]).load_checkpoint()
@@ -72,6 +73,7 @@ def test_a_checkpoint_left_half_written_by_a_killed_session_is_cleared_by_the_ne
     assert not stale.exists() and good.exists() and run.latest_checkpoint() == good
 
 
+@pytest.mark.slow
 def test_pong_trains_end_to_end_on_two_actors(cfg_factory):
     s = train(cfg_factory(env={"id": "ALE/Pong-v5"}, actors={"num_actors": 2, "envs_per_actor": 2},
                           learner={"batch_size": 4, "unroll_length": 10, "reward_clip": 1.0},
@@ -83,6 +85,7 @@ def test_pong_trains_end_to_end_on_two_actors(cfg_factory):
     assert recs[-1]["inference/batch_size"] >= 2
 
 
+@pytest.mark.slow
 def test_actor_side_inference_trains(cfg_factory):
     s = train(cfg_factory(inference={"mode": "actor"}, run={"total_steps": 20_000, "name": "actorinf"}))
     assert s["inference"] == "actor" and s["steps"] >= 20_000
@@ -97,6 +100,7 @@ def test_synthetic_env_serial_and_parallel(cfg_factory):
         assert s["steps"] >= 8_000
 
 
+@pytest.mark.slow
 def test_sigint_stops_everything_and_checkpoints(tmp_path):
     """SIGINT to a running `rlbalance train`: a final checkpoint, no child process left, summary says so."""
     import os
@@ -130,6 +134,7 @@ def test_sigint_stops_everything_and_checkpoints(tmp_path):
     assert state["steps"] == s["steps"]
 
 
+@pytest.mark.slow
 def test_meta_keeps_earlier_sessions_after_resume(cfg_factory):
     s1 = train(cfg_factory(run={"total_steps": 4_000, "name": "meta"}, telemetry={"tensorboard": False}))
     train(cfg_factory(run={"total_steps": 8_000, "name": "meta"}, telemetry={"tensorboard": False}),

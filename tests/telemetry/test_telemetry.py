@@ -20,6 +20,7 @@ def _scenario(cfg_factory, name, **sections):
     return s, tel
 
 
+@pytest.mark.slow
 def test_verdict_actor_bound_slow_env_tiny_model(cfg_factory):
     s, tel = _scenario(cfg_factory, "actor-bound",
                        env={"id": "synthetic", "synthetic_step_us": 400.0, "synthetic_obs_shape": [8]},
@@ -30,6 +31,7 @@ def test_verdict_actor_bound_slow_env_tiny_model(cfg_factory):
     assert "Bottleneck: actor-bound" in report and tel["verdict"]["evidence"] in report
 
 
+@pytest.mark.slow
 def test_verdict_learner_bound_free_env_large_model(cfg_factory):
     s, tel = _scenario(cfg_factory, "learner-bound",
                        env={"id": "synthetic", "synthetic_step_us": 0.0, "synthetic_obs_shape": [64]},
@@ -39,6 +41,7 @@ def test_verdict_learner_bound_free_env_large_model(cfg_factory):
     assert "Bottleneck: learner-bound" in open(f"{s['run_dir']}/report.html").read()
 
 
+@pytest.mark.slow
 def test_verdict_inference_bound_capped_batch_many_envs(cfg_factory):
     s, tel = _scenario(cfg_factory, "inference-bound",
                        env={"id": "synthetic", "synthetic_step_us": 0.0, "synthetic_obs_shape": [16]},

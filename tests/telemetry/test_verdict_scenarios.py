@@ -8,6 +8,7 @@ import threading
 import time
 from multiprocessing import Pipe
 
+import pytest
 import torch
 
 from rlbalance import config as C
@@ -60,7 +61,7 @@ class _SliceHead(torch.nn.Module):
         self.head = torch.nn.Linear(4, num_actions)
 
     @torch.inference_mode()
-    def act(self, obs, generator=None):
+    def act(self, obs, generator=None, explore=None):  # (the net interface: see rlbalance.agents.base)
         logits = self.head(obs[:, :4])
         return logits.argmax(dim=-1), logits
 
@@ -110,6 +111,7 @@ def _serve(model, obs_dim: int, clients: int = 4, k: int = 4, seconds: float = 3
             "learner": {"wait_data": 1.0}}  # no learner in this scenario: it only ever waits
 
 
+@pytest.mark.slow
 def test_the_server_split_between_copies_and_forward_passes_decides_transfer_or_inference():
     """The same server, actors and observations, two policies: one whose forward pass reads every feature through a
     256-unit layer (inference-bound), one that reads four (its time goes to gathering the observations: transfer-
@@ -142,7 +144,7 @@ def test_the_server_split_between_copies_and_forward_passes_decides_transfer_or_
             self.net = large
 
         @torch.inference_mode()
-        def act(self, o, generator=None):
+        def act(self, o, generator=None, explore=None):
             logits = self.net(o)
             return logits.argmax(dim=-1), logits
 

@@ -35,7 +35,9 @@ class VTrace(Agent):
         return [8, 16] if quick or cfg.env.is_atari else [8, 16, 32, 64]
 
     def sized(self, cfg, batch_size: int):
+        # (one actor buffer of B envs: inference.max_batch, which no learner step reads, is lifted with it)
         return replace(cfg, actors=replace(cfg.actors, envs_per_actor=batch_size),
+                       inference=replace(cfg.inference, max_batch=0),
                        learner=replace(cfg.learner, batch_size=batch_size), run=replace(cfg.run, total_steps=10**12))
 
     def learner_work(self, cfg) -> dict:
