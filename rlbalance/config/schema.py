@@ -97,6 +97,9 @@ class Config:
                  "rows of every period never get a target")
         _require(not self.learner.normalize_observations, "learner.normalize_observations",
                  self.learner.normalize_observations, "is not supported with learner.agent=r2d2: set it to false")
+        n = self.learner.devices
+        _require(r.batch_size % n == 0, "r2d2.batch_size", r.batch_size,
+                 f"must be a multiple of learner.devices={n} (each learner process samples an equal share of it)")
 
     @property
     def ddp(self) -> bool:

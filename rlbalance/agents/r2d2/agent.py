@@ -33,11 +33,12 @@ class R2D2Agent(LearnerBase):
     it is slower the actors run out of free buffers and wait: the ratio holds and what it costs shows up as a
     learner-bound run.
 
-    With several learner processes (learner.devices > 1) each rank keeps a replay of its own actors' sequences (no
-    sequence crosses processes: nothing but gradients and two counts per step do) and all take as many gradient steps,
-    the fewest any rank's replay ratio asks for, with the gradients averaged at each (DistributedDataParallel): one
-    step is learner.devices x r2d2.batch_size sequences. The rank whose replay asks for the fewest steps holds the
-    asked ratio; another (one whose actor restarted and broke its chains, say) may sample a little below it."""
+    With N learner processes (learner.devices > 1) each rank keeps a replay of its own actors' sequences (no sequence
+    crosses processes: nothing but gradients and two counts per step do), of 1/N of r2d2.replay_size, learning from
+    1/N of r2d2.learning_starts, sampling 1/N of r2d2.batch_size per step; all take as many gradient steps, the
+    fewest any rank's replay ratio asks for, with the gradients averaged at each (DistributedDataParallel): one step
+    is r2d2.batch_size sequences in all, as with one learner. The rank whose replay asks for the fewest steps holds
+    the asked ratio; another (one whose actor restarted and broke its chains, say) may sample a little below it."""
 
     def __init__(self, model: R2D2Net, cfg, device: torch.device, obs_shape: tuple[int, ...], obs_dtype,
                  step_lock=None, distributed: bool = False):
@@ -52,7 +53,12 @@ class R2D2Agent(LearnerBase):
         self.model, self.device, self.optimizer = self.algo.net, self.algo.device, self.algo.optimizer
         units = (r.burn_in + r.sequence_length) // lc.unroll_length
         self.assembler = SequenceAssembler(units)
-        self.replay = SequenceReplay(r.replay_size, r.rows, obs_shape, obs_dtype,
+        # Several learner processes share out the replay, its warm-up and each gradient step's batch evenly, so N of
+        # them with 1/N of the actors each run the algorithm one learner runs (the same updates, batch and target
+        # period per env step); one process: r2d2.replay_size, learning_starts and batch_size as they are
+        n = self.world
+        self.batch, self.learning_starts = r.batch_size // n, -(-r.learning_starts // n)
+        self.replay = SequenceReplay(-(-r.replay_size // n), r.rows, obs_shape, obs_dtype,
                                      model.state_size, alpha=r.priority_exponent,
                                      seed=cfg.run.seed + 1_000_003 * dist_rank() if self.world > 1 else cfg.run.seed,
                                      field="r2d2.replay_size", num_actions=model.num_actions)
@@ -79,7 +85,7 @@ class R2D2Agent(LearnerBase):
     def sample_sequences(self, batch_size: int | None = None) -> dict[str, torch.Tensor]:
         """A batch of sequences shaped as the replay gives them (zeros where the replay is still empty): what a
         profile times one gradient step on."""
-        n = batch_size or self.r.batch_size
+        n = batch_size or self.batch
         rp = self.replay
         if rp.filled >= n:
             _, _, seq = rp.sample(n, self.r.importance_exponent)
@@ -95,7 +101,7 @@ class R2D2Agent(LearnerBase):
         """One gradient step as a run takes it (a prioritised sample from the replay, the update, the new
         priorities), the replay first given a batch of zero sequences where it holds fewer: what calibration and the
         learner-ceiling bench time."""
-        rp, n = self.replay, self.r.batch_size
+        rp, n = self.replay, self.batch
         if rp.filled < n:
             z = self.sample_sequences(n)
             rp.add({k: v.numpy() if k == "core" else np.swapaxes(v.numpy(), 0, 1) for k, v in z.items()})
@@ -105,14 +111,13 @@ class R2D2Agent(LearnerBase):
         rp.update_priorities(slots, out["priorities"].numpy(), generation.numpy())
 
     def steps_due(self) -> int:
-        """The gradient steps the replay ratio asks for now (each samples r2d2.batch_size sequences); with several
-        learner ranks the fewest any rank's replay asks for, so that every rank takes as many (their gradients are
-        averaged at each step)."""
+        """The gradient steps the replay ratio asks for now (each samples a batch); with several learner ranks the
+        fewest any rank's replay asks for, so that every rank takes as many (their gradients are averaged at each)."""
         rp, r = self.replay, self.r
         n = 0
-        if rp.filled >= r.learning_starts:
-            target = r.replay_ratio * (rp.inserted - r.learning_starts)
-            while rp.sampled + n * r.batch_size < target:  # (each step samples a batch)
+        if rp.filled >= self.learning_starts:
+            target = r.replay_ratio * (rp.inserted - self.learning_starts)
+            while rp.sampled + n * self.batch < target:  # (each step samples a batch)
                 n += 1
         return int(all_min(n, self.device)) if self.world > 1 else n
 
@@ -130,7 +135,7 @@ class R2D2Agent(LearnerBase):
         n = 0
         for _ in range(self.steps_due()):
             ta = time.perf_counter()
-            slots, weights, seq = self.replay.sample(self.r.batch_size, self.r.importance_exponent)
+            slots, weights, seq = self.replay.sample(self.batch, self.r.importance_exponent)
             generation = seq.pop("generation")
             tb = time.perf_counter()
             for g in self.optimizer.param_groups:
@@ -168,11 +173,11 @@ class R2D2Agent(LearnerBase):
     def replay_figures(self) -> dict:
         """For telemetry.json and the summary: what the replay did this session."""
         rp, r = self.replay, self.r
-        since = rp.inserted - r.learning_starts
+        since = rp.inserted - self.learning_starts
         return {"ratio_asked": r.replay_ratio, "ratio_achieved": rp.replay_ratio(),
                 "ratio_since_learning_starts": rp.sampled / since if since > 0 else None, "inserted": rp.inserted,
                 "sampled": rp.sampled, "fill": rp.filled / rp.capacity, "capacity": rp.capacity,
-                "sequence_rows": rp.seq_len, "bytes": rp.bytes, "learning_starts": r.learning_starts,
+                "sequence_rows": rp.seq_len, "bytes": rp.bytes, "learning_starts": self.learning_starts,
                 "insert_s": self.totals["insert_s"], "sample_s": self.totals["sample_s"],
                 "priority_update_s": self.totals["priority_s"],
                 "greedy_return_last100": self.greedy_episodes.mean_return(),
@@ -237,12 +242,11 @@ class R2D2(Agent):
     workload_fields = (("r2d2", "batch_size"), ("r2d2", "sequence_length"), ("r2d2", "burn_in"), ("r2d2", "replay_ratio"))
 
     def check(self, cfg, spec) -> None:  # (a non-Discrete action space: build_net refuses it first)
-        # a replay that would not fit fails here, before the run directory exists; with several learner processes
-        # each keeps a replay of its own actors' sequences (see R2D2Agent), all of them on this node's memory
-        r, n = cfg.r2d2, cfg.learner.devices
+        # a replay that would not fit fails here, before the run directory exists (several learner processes share it
+        # out, see R2D2Agent: on one node it takes the same memory in all)
+        r = cfg.r2d2
         SequenceReplay.check_fits(r.replay_size, r.rows, spec.obs_shape, spec.obs_dtype,
-                                  self.state_size(cfg.learner, spec), "r2d2.replay_size",
-                                  memory_fraction=0.8 / n, num_actions=spec.num_actions)
+                                  self.state_size(cfg.learner, spec), "r2d2.replay_size", num_actions=spec.num_actions)
 
     def build_net(self, cfg, spec) -> R2D2Net:
         if spec.action.kind != "discrete":
