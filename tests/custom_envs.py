@@ -1,5 +1,5 @@
 """A user's own environments, as a user would write them: a module that registers them with gymnasium.
-Used by tests/test_envs.py through `--env.id custom_envs:Corridor-v0` and `env.imports`."""
+Used by tests/envs/test_envs.py through `--env.id custom_envs:Corridor-v0` and `env.imports`."""
 
 import gymnasium as gym
 import numpy as np

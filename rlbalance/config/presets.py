@@ -23,7 +23,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "classic": {"learner": {"epochs": 4, "minibatches": 4, "learning_rate": 2.5e-4, "ppo_clip": 0.2,
                             "vtrace_lambda": 0.95}},
     # rlbalance's own small pixel task (rlbalance/Catch-v0, the CI-sized proof that the CNN path learns): the
-    # defaults, one V-trace pass per batch, which learn it in 150k steps (tests/test_learning.py). With the
+    # defaults, one V-trace pass per batch, which learn it in 150k steps (tests/learning/test_learning.py). With the
     # classic preset (16 optimizer steps per batch) that test failed its bar in the same budget (one serial run)
     # and took over 6 minutes here (the machine was shared with a Pong run).
     "toy": {},
@@ -125,7 +125,7 @@ AGENT_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # net and a replay ratio that makes up for the few sequences a short run delivers, and Adam's eps at 1e-4: the
 # gradients of these small nets are so small that Atari's 1e-3 damped every step (CartPole without velocities,
 # LSTM, serial, 150k steps, seed 2: best last-100 mean 42 with 1e-3, 341 with 1e-4, 285 with 1e-5; seed 1: 99 and
-# 259). Justification: tests/test_r2d2.py, tests/test_recurrent.py, bench/results/recurrent-r2d2/,
+# 259). Justification: tests/agents/test_r2d2.py, tests/agents/test_recurrent.py, bench/results/recurrent-r2d2/,
 # bench/results/seeds-r2d2/.
 AGENT_FAMILY_PRESETS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     ("r2d2", "classic"): {

@@ -1,5 +1,5 @@
 """The learner's update options against known answers: PPO's clipped surrogate (APPO) against the V-trace
-policy gradient on-policy, and epochs x minibatches (V-trace lambda: tests/test_vtrace.py)."""
+policy gradient on-policy, and epochs x minibatches (V-trace lambda: tests/agents/test_vtrace.py)."""
 
 import copy
 

@@ -95,7 +95,7 @@ def test_learner_ranks_need_an_equal_share_of_the_actors_and_a_ray_cluster_they_
 @pytest.mark.slow
 def test_cartpole_learns_with_two_gloo_learner_ranks(cfg_factory):
     """learner.devices=2 on CPU: two learner processes (gloo), one actor each, to the bar one learner meets
-    (tests/test_learning.py: a last-100 mean >= 400 within 500k steps); the summary has both ranks' figures."""
+    (tests/learning/test_learning.py: a last-100 mean >= 400 within 500k steps); the summary has both ranks' figures."""
     from rlbalance.bench.seeds import learning_curve
     from rlbalance.runtime.train import train
 

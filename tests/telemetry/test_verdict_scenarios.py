@@ -1,6 +1,6 @@
 """The bottleneck verdict on controlled scenarios built from costs measured first, so that a slower or loaded machine
 gets the same shape (no assertion depends on the machine's speed). Actor-bound and learner-bound are the two ends
-of the sweep-shape test (tests/test_sweep.py); here the inference server is the limit, once by its forward passes and
+of the sweep-shape test (tests/analysis/test_sweep.py); here the inference server is the limit, once by its forward passes and
 once by its copies."""
 
 import statistics
