@@ -195,17 +195,32 @@ def test_wandb_offline_run_holds_the_tensorboard_scalars(cfg_factory, monkeypatc
     s = train(cfg_factory(run={"total_steps": 20_000, "name": "wb"}, telemetry={"wandb": "offline", "report": False}))
     files = glob.glob(os.path.join(s["run_dir"], "wandb", "offline-run-*", "*.wandb"))
     assert len(files) == 1, files
-    history, config, summary = [], {}, {}
-    for data in _wandb_records(files[0]):
-        rec = pb.Record()
-        rec.ParseFromString(data)
-        kind = rec.WhichOneof("record_type")
-        if kind == "history":
-            history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
-        elif kind == "run":
-            config.update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
-        elif kind == "summary":
-            summary.update({i.key: json.loads(i.value_json) for i in rec.summary.update})
+
+    def read():
+        history, config, summary = [], {}, {}
+        for data in _wandb_records(files[0]):
+            rec = pb.Record()
+            rec.ParseFromString(data)
+            kind = rec.WhichOneof("record_type")
+            if kind == "history":
+                history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+            elif kind == "run":
+                config.update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
+            elif kind == "summary":
+                summary.update({i.key: json.loads(i.value_json) for i in rec.summary.update})
+        return history, config, summary
+
+    # W&B's service process may still be writing the file's last records when finish() has returned (seen: the final
+    # history row missing one run in five): read it until the final row and the summary are in, 30 s at most
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            history, config, summary = read()
+        except Exception:  # noqa: BLE001 - a record cut short by the writer: read again
+            history, config, summary = [], {}, {}
+        if (history and history[-1]["_step"] == s["steps"] and summary.get("outcome")) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert len(history) >= 5
     tb = EventAccumulator(os.path.join(s["run_dir"], "tb"))
     tb.Reload()
