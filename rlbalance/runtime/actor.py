@@ -162,6 +162,33 @@ def net_step(net: torch.nn.Module, obs: torch.Tensor, state: torch.Tensor | None
         return net.act_recurrent(obs, state, first, generator, explore=explore)
 
 
+class EnvStates:
+    """What central inference keeps for every env of every client (env group), on the learner device: a recurrent
+    net's core state (reset where the actor flags an episode's first observation) and the agent's exploration values
+    (``explore`` [clients, K], see ``exploration``); ``step`` is one step of the net for a batch of clients. The
+    inference server and the Ray feeder both step through it."""
+
+    def __init__(self, net: torch.nn.Module, clients: int, k: int, device: torch.device,
+                 explore: torch.Tensor | None = None):
+        self.net, self.k, self.explore = net, k, explore
+        self.state = None
+        if getattr(net, "recurrent", False):
+            with torch.inference_mode():
+                self.state = net.initial_state(clients * k, device).view(clients, k, -1)
+
+    def step(self, idx: torch.Tensor, obs: torch.Tensor, first: torch.Tensor | None, generator: torch.Generator):
+        """Clients ``idx`` [n] (on the device), their envs' observations [n*K, ...] and first flags [n*K] (None for a
+        feed-forward net): (actions, the net's out rows, the states the step started from or None); the new states
+        are kept."""
+        explore = None if self.explore is None else self.explore[idx].reshape(-1)
+        state = None if self.state is None else self.state[idx].reshape(len(idx) * self.k, -1)
+        actions, out, core_in, state_out = net_step(self.net, obs, state, first, generator, explore)
+        if state_out is not None:
+            with torch.inference_mode():
+                self.state[idx] = state_out.view(len(idx), self.k, -1)
+        return actions, out, core_in
+
+
 class DirectPolicy:
     """A policy evaluated at request time in this process (serial runner, actor-side inference): ``net`` on
     ``device`` for one env group of ``k`` envs (a recurrent net: with their core states), ``explore`` [k] those

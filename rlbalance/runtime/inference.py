@@ -13,14 +13,14 @@ from multiprocessing.connection import wait
 import torch
 
 from rlbalance.core.timing import StageTimer
-from rlbalance.runtime.actor import net_step
+from rlbalance.runtime.actor import EnvStates
 from rlbalance.runtime.buffers import StepSlots
 
 
 class InferenceServer(threading.Thread):
     def __init__(self, model: torch.nn.Module, slots: StepSlots, conns: list, device: torch.device,
                  envs_per_actor: int, max_batch: int, max_wait_ms: float, model_lock: threading.Lock,
-                 version_fn, seed: int, timers: bool = True):
+                 version_fn, seed: int, timers: bool = True, explore: torch.Tensor | None = None):
         super().__init__(name="inference", daemon=True)
         self.torch_threads = torch.get_num_threads()  # the learner process's (learner.torch_threads)
         self.model, self.slots, self.conns, self.device = model, slots, conns, device
@@ -38,14 +38,8 @@ class InferenceServer(threading.Thread):
         if device.type == "cuda":
             self.pinned = torch.empty_like(slots.obs).pin_memory()
             self._ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        # A recurrent policy's core state for every env of every client, kept on the learner device (as SEED
-        # does); an env's state is reset where its actor flags the observation as an episode's first.
-        self.state = None
-        if getattr(model, "recurrent", False):
-            with torch.inference_mode():
-                self.state = model.initial_state(len(conns) * self.k, device).view(len(conns), self.k, -1)
-        # each env's exploration values [clients, K] on the device (the agent's, see Agent.exploration); None: none
-        self.explore: torch.Tensor | None = None
+        # every env's core state (a recurrent policy's, kept on the learner device as SEED does) and exploration values
+        self.envs = EnvStates(model, len(conns), self.k, device, explore)
         self._conn_index = {id(c): i for i, c in enumerate(conns)}
         self._lock = threading.Lock()
         self._dead: set[int] = set()  # clients whose channel closed (a dead actor) until replaced
@@ -145,7 +139,7 @@ class InferenceServer(threading.Thread):
                 slots.action[idx] = actions.view(len(ids), self.k, *actions.shape[1:]).cpu()  # synchronises the stream
                 slots.logits[idx] = logits.view(len(ids), self.k, -1).float().cpu()
                 slots.version[idx] = version
-                if self.state is not None:
+                if core_in is not None:
                     slots.core_in[idx] = core_in.view(len(ids), self.k, *core_in.shape[1:]).cpu()
             if self.pinned is not None:
                 self.gpu_busy_s += self._ev[0].elapsed_time(self._ev[1]) / 1000.0
@@ -161,20 +155,10 @@ class InferenceServer(threading.Thread):
             self.batch_sizes.append(len(ids) * self.k)
 
     def _step(self, idx: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One step of the policy for clients ``idx``: a recurrent one's states (reset where the actor flagged an
-        episode's first observation) in, the new states stored; returns the actions, the net's out rows and the
-        states the step started from (the actor records them at the start of each unroll; None: feed-forward)."""
-        dev_idx = idx.to(self.device)
-        explore = None if self.explore is None else self.explore[dev_idx].reshape(-1)
-        if self.state is None:
-            actions, out, _, _ = net_step(self.model, obs, None, None, self.generator, explore)
-            return actions, out, None
-        first = self.slots.first[idx].reshape(-1).to(self.device)
-        state = self.state[dev_idx].reshape(len(idx) * self.k, -1)
-        actions, out, core_in, state_out = net_step(self.model, obs, state, first, self.generator, explore)
-        with torch.inference_mode():
-            self.state[dev_idx] = state_out.view(len(idx), self.k, -1)
-        return actions, out, core_in
+        """One step of the policy for clients ``idx``: the actions, the net's out rows and the states the step started
+        from (the actor records them at the start of each unroll; None: feed-forward)."""
+        first = None if self.envs.state is None else self.slots.first[idx].reshape(-1).to(self.device)
+        return self.envs.step(idx.to(self.device), obs, first, self.generator)
 
     def stop(self) -> None:
         self.stop_event.set()

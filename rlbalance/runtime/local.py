@@ -67,12 +67,12 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: Session) -> None:
     ctx = mp.get_context("spawn")
     k, t, n_buf = cfg.actors.envs_per_actor, cfg.learner.unroll_length, cfg.num_buffers
     central = cfg.inference.mode == "central"
+    core = registry.core_state_size(cfg.learner, spec)
     sh = ActorShared(
-        buffers=RolloutBuffers.allocate(n_buf, t, k, spec, shared=True, core_size=registry.core_state_size(cfg.learner, spec)),
+        buffers=RolloutBuffers.allocate(n_buf, t, k, spec, shared=True, core_size=core),
         stop=torch.zeros(1, dtype=torch.uint8).share_memory_(),
         heartbeat=torch.zeros(cfg.actors.num_actors, dtype=torch.float64).share_memory_(),
-        slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True, core_size=registry.core_state_size(cfg.learner, spec))
-        if central else None,
+        slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True, core_size=core) if central else None,
         weights=None if central else SharedWeights.allocate(learner.model))
     on_start = (lambda i, pid: session.sampler.watch("actor", pid)) if session.sampler is not None else None
     pool = ActorPool(ctx, cfg, sh, on_start)
@@ -81,8 +81,8 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: Session) -> None:
     if central:
         server = InferenceServer(learner.model, sh.slots, list(pool.parent_conns), learner.device, k,
                                  cfg.inference.max_batch, cfg.inference.max_wait_ms, session.model_lock,
-                                 lambda: learner.updates, cfg.run.seed, cfg.telemetry.stage_timers)
-        server.explore = exploration(cfg, learner.device)
+                                 lambda: learner.updates, cfg.run.seed, cfg.telemetry.stage_timers,
+                                 exploration(cfg, learner.device))
         pool.server = server
         server.start()
     session.actor_pool = pool

@@ -36,7 +36,7 @@ from rlbalance.agents.base import LearnerBase
 from rlbalance.config import Config
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
-from rlbalance.runtime.actor import UnrollWriter, exploration, net_step, unroll_base
+from rlbalance.runtime.actor import EnvStates, UnrollWriter, exploration, unroll_base
 from rlbalance.runtime.actor_pool import START_TIMEOUT_S
 from rlbalance.runtime.buffers import RolloutBuffers
 from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect, worker_class
@@ -145,13 +145,8 @@ class RayFeeder(threading.Thread):
         device = learner.device
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(cfg.run.seed)
-        # central inference: each env's exploration values and, for a recurrent policy, its core state on the device
-        self.explore = exploration(cfg, device)
-        self.state = None
-        if getattr(learner.model, "recurrent", False):
-            with torch.inference_mode():
-                self.state = learner.model.initial_state(len(self.groups) * self.k, device).view(len(self.groups),
-                                                                                                 self.k, -1)
+        # central inference: every env's core state (a recurrent policy's) and exploration values, on the device
+        self.envs = EnvStates(learner.model, len(self.groups), self.k, device, exploration(cfg, device))
         self.torch_threads = torch.get_num_threads()
         self.weights: tuple[int, object] | None = None  # actor mode: (version, object ref of flat params)
         self._weights_lock = threading.Lock()
@@ -328,13 +323,8 @@ class RayFeeder(threading.Thread):
                 obs = obs.reshape(n, *obs.shape[2:]).to(self.device, non_blocking=True)
                 first = torch.from_numpy(np.concatenate([g.writer.first for g in batch])).to(self.device)
                 idx = torch.tensor([g.client for g in batch], device=self.device)
-            with timer.stage("forward"), self.model_lock, torch.inference_mode():
-                explore = None if self.explore is None else self.explore[idx].reshape(-1)
-                state = None if self.state is None else self.state[idx].reshape(n, -1)
-                actions, logits, core_in, state = net_step(self.learner.model, obs, state, first, self.generator,
-                                                           explore)
-                if state is not None:
-                    self.state[idx] = state.view(len(batch), self.k, -1)
+            with timer.stage("forward"), self.model_lock:
+                actions, logits, core_in = self.envs.step(idx, obs, first, self.generator)
                 version = self.learner.updates
             with timer.stage("d2h"):
                 actions = actions.view(len(batch), self.k, *actions.shape[1:]).cpu().numpy()
