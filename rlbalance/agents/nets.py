@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rlbalance.agents.precision import resolve as resolve_precision
 from rlbalance.config import LearnerConfig
 from rlbalance.core.errors import ConfigError
 from rlbalance.envs.batch import EnvSpec
@@ -85,21 +86,69 @@ def lstm_sequence(core: nn.LSTMCell, x: torch.Tensor, state0: torch.Tensor, keep
 
 
 def run_torso(torso: nn.Module, x: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
-    """``torso(x)``; with ``precision`` 'bf16' under bfloat16 autocast on x's device, the features returned as float32
-    (learner.torso_precision)."""
+    """``torso(x)``; at precision 'bf16' under bfloat16 autocast on x's device, the features returned as float32
+    (learner.torso_precision; 'auto' is decided per device and input by rlbalance.agents.precision)."""
+    if precision == "auto":
+        precision = resolve_precision("auto", x.device.type, x.dim() == 4)
     if precision != "bf16":
         return torso(x)
     with torch.autocast(x.device.type, dtype=torch.bfloat16):
         return torso(x).float()
 
 
-def scaled_input(obs: torch.Tensor) -> torch.Tensor:
+def scaled_input(obs: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
     """Observations as the networks take them: float, uint8 scaled to [0, 1], images [N, C, H, W] channels-last
-    (oneDNN's convolutions run ~25% faster in that layout on a CPU, and it suits GPUs). The layout is changed on
-    the uint8 bytes and the scaling done in place, one float copy in all: float-then-reorder made two copies and a
-    division, ~13% of an R2D2 Pong update on a CPU."""
-    x = obs.contiguous(memory_format=torch.channels_last) if obs.dim() == 4 else obs
-    return x.float().mul_(1.0 / 255.0) if obs.dtype == torch.uint8 else x.float()
+    (oneDNN's convolutions run ~25% faster in that layout on a CPU, and it suits GPUs). Where the torso runs at
+    bfloat16 (``precision``, see run_torso) uint8 images become bfloat16 here, the copy autocast would make anyway;
+    bfloat16 images (``prepared_frames``) are taken as they are. The layout is changed on the uint8 bytes and the
+    scaling done in place, one float copy in all: float-then-reorder made two copies and a division, ~13% of an
+    R2D2 Pong update on a CPU."""
+    if obs.dim() != 4:
+        return obs.float().mul_(1.0 / 255.0) if obs.dtype == torch.uint8 else obs.float()
+    x = obs.contiguous(memory_format=torch.channels_last)
+    bf16 = resolve_precision(precision, obs.device.type, True) == "bf16"
+    if obs.dtype != torch.uint8:
+        return x if x.dtype == torch.bfloat16 and bf16 else x.float()
+    return x.to(torch.bfloat16 if bf16 else torch.float32).mul_(1.0 / 255.0)
+
+
+def prepared_frames(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """Unrolls of uint8 images [T, N, C, H, W] as the torso takes them (see scaled_input: scaled to [0, 1], at
+    bfloat16 where the torso runs at it, else float32), each frame stored channels-last (a view of that shape over
+    [T, N, H, W, C] memory): done once per batch, so the rows a learner takes for each minibatch and epoch are
+    ready as they are. Other tensors as they are."""
+    if x.dim() != 5 or x.dtype != torch.uint8:
+        return x
+    bf16 = resolve_precision(precision, x.device.type, True) == "bf16"
+    nhwc = x.permute(0, 1, 3, 4, 2)
+    out = torch.empty(nhwc.shape, dtype=torch.bfloat16 if bf16 else torch.float32, device=x.device)
+    return out.copy_(nhwc).mul_(1.0 / 255.0).permute(0, 1, 4, 2, 3)
+
+
+def select_columns(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(dim, idx)`` (a memory copy of whole slices: ~7x faster than advanced indexing on a CPU for
+    Atari frames) that keeps frames stored channels-last (``prepared_frames``) so."""
+    if x.dim() == 5 and dim < 2 and x.stride(2) == 1 and x.shape[2] > 1:
+        return x.permute(0, 1, 3, 4, 2).index_select(dim, idx).permute(0, 1, 4, 2, 3)
+    return x.index_select(dim, idx)
+
+
+def make_adam(params, lr: float, eps: float, device: torch.device) -> torch.optim.Adam:
+    """Adam as every learner takes it: the fused kernel (one pass over all parameters per step instead of a loop
+    of small kernels per tensor; ~4x cheaper a step on a CPU for the Nature CNN, bench/results/precision/), the
+    same update rule."""
+    return torch.optim.Adam(list(params), lr=lr, eps=eps, fused=device.type in ("cpu", "cuda"))
+
+
+def load_optimizer(opt: torch.optim.Optimizer, state: dict) -> None:
+    """``opt.load_state_dict(state)``, keeping ``opt``'s own kernel choice: a checkpoint's param groups carry the
+    settings of the optimizer that wrote it (``fused`` None in checkpoints from before make_adam), which would
+    otherwise replace this one's."""
+    opt.load_state_dict(state)
+    for g in opt.param_groups:
+        for key in ("fused", "foreach"):
+            if key in opt.defaults:
+                g[key] = opt.defaults[key]
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...]) -> nn.Sequential:

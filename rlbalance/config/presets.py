@@ -47,14 +47,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     # last 100 games): with 2 passes, seeds 1, 2, 3 passed -15 at 4.79M, 6.22M, 4.99M frames and ended at
     # +19.0, +16.6, -2.5 (bench/results/pong-curve*/); with 4 passes, seeds 1 and 2 passed -15 at 3.47M and
     # 3.71M frames and seed 2 reached +18 at 6.05M (bench/results/pong-epochs4-seed*/). Four passes cost
-    # learner time per frame (bench/results/trainer.md), and win back more in frames to score.
+    # learner time per frame (bench/results/trainer.md), and win back more in frames to score. The torso at
+    # learner.torso_precision=auto (bfloat16 where the CPU or GPU computes it natively, rlbalance.agents.precision):
+    # the learner ceiling 1.6-1.8x float32's on a 2-vCPU Xeon with AMX (bench/results/precision/), learning as
+    # float32 does (bench/results/pong-bf16/).
     "atari": {
         "env": {"backend": "envpool", "sticky_actions": 0.0, "noop_max": 30, "episodic_life": False},
         "actors": {"num_actors": 2, "envs_per_actor": 16, "env_groups": 1, "buffers_per_actor": 2},
         "learner": {"batch_size": 32, "unroll_length": 20, "learning_rate": 2.5e-4, "lr_schedule": "constant",
                     "adam_eps": 1e-5, "epochs": 4, "minibatches": 4, "ppo_clip": 0.1, "vtrace_lambda": 0.95,
                     "normalize_advantages": True, "entropy_cost": 0.01, "baseline_cost": 0.5,
-                    "max_grad_norm": 0.5, "reward_clip": 1.0, "discount": 0.99, "torch_threads": 2},
+                    "max_grad_norm": 0.5, "reward_clip": 1.0, "discount": 0.99, "torch_threads": 2,
+                    "torso_precision": "auto"},
     },
 }
 

@@ -312,9 +312,14 @@ def load(config_file: str | None = None, cli: dict[str, dict[str, Any]] | None =
     return build(merge(*layers))
 
 
+#: config.json's record of what a run decided from the machine (learner.torso_precision=auto's choice, ...): not
+#: part of the config, rebuilt on every start, ignored when the config is read back
+RESOLVED = "resolved"
+
+
 def from_dict(d: dict[str, Any]) -> Config:
     """Rebuild a Config from ``to_dict`` output (e.g. a run directory's config.json)."""
-    return build({sec: vals for sec, vals in d.items()})
+    return build({sec: vals for sec, vals in d.items() if sec != RESOLVED})
 
 
 def field_docs() -> list[tuple[str, str, Any, str]]:

@@ -211,11 +211,13 @@ class LearnerConfig:
     normalize_observations: bool = _f(False, "Normalise vector observations by their running mean and variance "
                                       "(updated from each batch, clipped to +/-10, saved in checkpoints); MLP only.")
     torch_threads: int = _f(1, "torch intra-op threads in the learner process.")
-    torso_precision: str = _f("fp32", "'bf16': the torso (Nature CNN or MLP) runs under bfloat16 autocast in the "
-                              "learner and in inference, its features cast back to float32 for the LSTM core and "
-                              "the heads, which stay float32 (so the recurrent state and the values keep full "
-                              "precision); on a CPU with AVX512-BF16 an R2D2 Pong update took 0.23 s against 0.31 s "
-                              "in float32. 'fp32': float32 throughout.")
+    torso_precision: str = _f("fp32", "The torso's arithmetic, in the learner and in inference alike. 'bf16': the "
+                              "torso (Nature CNN or MLP) under bfloat16 autocast, its features cast back to float32 "
+                              "for the LSTM core and the heads, which stay float32 (the recurrent state and the "
+                              "values keep full precision). 'auto': bf16 for an image torso where the device computes "
+                              "bfloat16 natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU that supports it), else "
+                              "fp32; a run records what it chose, and why, in config.json ('resolved'). 'fp32': "
+                              "float32 throughout. Images are channels-last either way.")
 
     @property
     def core_units(self) -> int:
@@ -232,8 +234,8 @@ class LearnerConfig:
         _require(self.unroll_length >= 1, "learner.unroll_length", self.unroll_length, "must be >= 1")
         _require(self.batch_size >= 1, "learner.batch_size", self.batch_size, "must be >= 1")
         _require(self.learning_rate > 0, "learner.learning_rate", self.learning_rate, "must be > 0")
-        _require(self.torso_precision in ("fp32", "bf16"), "learner.torso_precision", self.torso_precision,
-                 "must be 'fp32' or 'bf16'")
+        _require(self.torso_precision in ("auto", "fp32", "bf16"), "learner.torso_precision", self.torso_precision,
+                 "'auto', 'fp32' or 'bf16'")
         _require(self.lr_schedule in ("linear", "constant"), "learner.lr_schedule", self.lr_schedule,
                  "'linear' or 'constant'")
         _require(self.adam_eps > 0, "learner.adam_eps", self.adam_eps, "must be > 0")

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from rlbalance.config import Config, from_dict
+from rlbalance.config.schema import RESOLVED
 from rlbalance.core.errors import ConfigError, DiskWriteError
 from rlbalance.core.jsonio import atomic_write_bytes, atomic_write_json
 
@@ -94,6 +95,7 @@ class RunDir:
         self.path = Path(path)
         self.ckpt_dir = self.path / "checkpoints"
         self._lock_fd: int | None = None
+        self.resolved: dict | None = None  # what this session decided from the machine (config.json's "resolved")
 
     def lock(self) -> None:
         """Own the run directory while this process lives: a second trainer (a --resume of a live run) is
@@ -118,7 +120,7 @@ class RunDir:
             self._lock_fd = None
 
     @classmethod
-    def create(cls, cfg: Config) -> "RunDir":
+    def create(cls, cfg: Config, resolved: dict | None = None) -> "RunDir":
         name = cfg.run.name or f"{cfg.env.id.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
         path = Path(cfg.run.out_dir) / name
         if (path / "config.json").exists():
@@ -128,12 +130,15 @@ class RunDir:
         rd = cls(path)
         rd.lock()
         rd.ckpt_dir.mkdir(exist_ok=True)
-        atomic_write_json(path / "config.json", cfg.to_dict())
+        rd.resolved = resolved
+        rd.write_config(cfg)
         return rd
 
     def write_config(self, cfg: Config) -> None:
-        """The config a resumed session actually uses (overrides given on resume included)."""
-        atomic_write_json(self.path / "config.json", cfg.to_dict())
+        """config.json: the config this session uses (overrides given on resume included), with what the session
+        decided from the machine (``resolved``, rlbalance.config.schema.RESOLVED; not read back)."""
+        extra = {RESOLVED: self.resolved} if self.resolved else {}
+        atomic_write_json(self.path / "config.json", {**cfg.to_dict(), **extra})
 
     def write_meta(self, extra: dict) -> int:
         """meta.json: where and when this session of the run ran; earlier sessions (before a resume) are

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from rlbalance.agents import registry
+from rlbalance.agents.precision import choice as precision_choice
 from rlbalance.config import Config
 from rlbalance.core.errors import ConfigError
 from rlbalance.envs.batch import EnvSpec, probe_spec
@@ -41,7 +42,7 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         rank, _, local_rank = launched
         rank_main(rank, cfg, spec, None, local_rank)
         return {"outcome": "completed", "rank": rank}
-    run, state = _open_run(cfg, resume, spec, model)
+    run, state = _open_run(cfg, resume, spec, model, resolved_choices(cfg, spec, device))
     ranks = _start_ranks(cfg, spec, launched, run)
     learner, session = _start_session(cfg, run, state, spec, model, device, ranks)
     outcome = "completed"
@@ -85,11 +86,23 @@ def _prepare(cfg: Config) -> tuple[EnvSpec, torch.nn.Module, torch.device]:
     return spec, model, device
 
 
-def _open_run(cfg: Config, resume, spec: EnvSpec, model: torch.nn.Module) -> tuple[RunDir, dict | None]:
+def resolved_choices(cfg: Config, spec: EnvSpec, device: torch.device) -> dict:
+    """What this run decides from the machine, for config.json's "resolved": the torso's precision and image layout
+    on the learner device (learner.torso_precision=auto), and on the actors' CPUs where they run the policy."""
+    image = len(spec.obs_shape) == 3
+    out = {"learner": precision_choice(cfg.learner.torso_precision, device, image)}
+    if cfg.inference.mode == "actor":
+        out["actors"] = precision_choice(cfg.learner.torso_precision, "cpu", image)
+    return out
+
+
+def _open_run(cfg: Config, resume, spec: EnvSpec, model: torch.nn.Module, resolved: dict | None = None
+              ) -> tuple[RunDir, dict | None]:
     """A new run directory, or ``resume``'s, locked, with its latest checkpoint (checked to fit this run)."""
     if not resume:
-        return RunDir.create(cfg), None
+        return RunDir.create(cfg, resolved), None
     run = RunDir(Path(resume))
+    run.resolved = resolved
     run.lock()  # a run still going is refused before anything is read or written
     try:
         path = run.latest_checkpoint()

@@ -235,6 +235,15 @@ def write_csv(run: Path, d: dict | None = None) -> None:
                         s["gpu_power_source"]])
 
 
+def _precision_row(choice: dict | None) -> str | None:
+    """learner.torso_precision as the run resolved it on its learner device, and why (config.json's "resolved")."""
+    if not choice:
+        return None
+    name = {"bf16": "bfloat16", "fp32": "float32"}.get(choice["torso_precision"], choice["torso_precision"])
+    layout = "" if choice.get("image_layout") in (None, "n/a") else f", images {choice['image_layout'].replace('_', '-')}"
+    return f"{name}{layout} ({choice['why']})"
+
+
 def write_report(run: str | Path) -> Path:
     run = Path(run)
     d = _load(run)
@@ -245,7 +254,9 @@ def write_report(run: str | Path) -> Path:
         v["advice"] = advise(v["verdict"], {"gpus": len(hw.get("gpus", [])), "learner_device": s["device"]},
                              s.get("inference") == "central", (v.get("figures") or {}).get("cpu_util_mean"))
     rows = [("outcome", s.get("outcome")), ("env", s.get("env")), ("mode", f"{s.get('mode')}, {s.get('inference')} inference"),
-            ("model / device", f"{s.get('model')} on {s.get('device')}"), ("env steps", s.get("steps")),
+            ("model / device", f"{s.get('model')} on {s.get('device')}"),
+            ("torso precision", _precision_row(d["config"].get("resolved", {}).get("learner"))),
+            ("env steps", s.get("steps")),
             ("sustained FPS (env frames/s)", s.get("fps_sustained")), ("sustained SPS (env steps/s)", s.get("sps_sustained")),
             ("mean return (last 100 episodes)", s.get("episode_return_last100")),
             ("CPU utilization (mean, fraction of all cores)", s.get("cpu_util_mean")),

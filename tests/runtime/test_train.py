@@ -18,6 +18,9 @@ def test_run_directory_has_everything(cfg_factory):
     run = RunDir(s["run_dir"])
     cfg = json.load(open(run.path / "config.json"))
     assert cfg["run"]["total_steps"] == 15_000
+    # what the run decided from the machine: CartPole's MLP torso stays float32 whatever the CPU, and says why
+    used = cfg["resolved"]["learner"]
+    assert used["torso_precision"] == "fp32" and used["asked"] == "fp32" and used["why"]
     meta = json.load(open(run.path / "meta.json"))
     hw = meta["hardware"]
     for key in ("cpu_model", "physical_cores", "logical_cpus", "gpus", "versions", "git_commit"):

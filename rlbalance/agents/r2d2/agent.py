@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from rlbalance.agents.base import Agent, LearnerBase, learning_rate, shape_rewards
-from rlbalance.agents.nets import check_cnn_shape, resolve_model
+from rlbalance.agents.nets import check_cnn_shape, load_optimizer, resolve_model
 from rlbalance.agents.r2d2.algo import env_epsilons
 from rlbalance.agents.r2d2.learner import R2D2Learner, R2D2Settings
 from rlbalance.agents.r2d2.net import R2D2Net
@@ -205,7 +205,7 @@ class R2D2Agent(LearnerBase):
         a = self.algo
         a.net.load_state_dict(state["model"])
         a.target.load_state_dict(state["target"])
-        a.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer(a.optimizer, state["optimizer"])
         a.updates = int(state["updates"])
         self.steps = int(state["steps"])
 

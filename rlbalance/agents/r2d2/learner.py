@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlbalance.agents.nets import batch_to
+from rlbalance.agents.nets import batch_to, make_adam
 from rlbalance.agents.r2d2.algo import RESCALE_EPS, inverse_rescale, n_step_double_q_targets, sequence_priorities
 from rlbalance.agents.r2d2.net import R2D2Net
 from rlbalance.core.distributed import all_max
@@ -53,7 +53,7 @@ class R2D2Learner:
             self.train_net = DistributedDataParallel(self.net, device_ids=[self.device] if self.device.type == "cuda"
                                                      else None, forward_sync_buffers=False)
         self.target = copy.deepcopy(self.net).requires_grad_(False)  # (after DDP gave every rank rank 0's weights)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=settings.learning_rate, eps=settings.adam_eps)
+        self.optimizer = make_adam(self.net.parameters(), settings.learning_rate, settings.adam_eps, self.device)
         self.updates = 0
 
     def train(self, batch: dict[str, torch.Tensor], weights: torch.Tensor | None = None) -> dict:

@@ -40,7 +40,7 @@ class R2D2Net(nn.Module):
         return torch.zeros(n, 2 * self.core_size, device=device)
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        return run_torso(self.torso, scaled_input(obs), self.torso_precision)
+        return run_torso(self.torso, scaled_input(obs, self.torso_precision), self.torso_precision)
 
     def _step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.core is None:

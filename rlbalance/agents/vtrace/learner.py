@@ -8,7 +8,7 @@ import time
 import torch
 
 from rlbalance.agents.base import LearnerBase, learning_rate, shape_rewards
-from rlbalance.agents.nets import batch_to
+from rlbalance.agents.nets import batch_to, load_optimizer, make_adam, prepared_frames, select_columns
 from rlbalance.agents.vtrace.model import ActorCritic
 from rlbalance.agents.vtrace.vtrace import vtrace
 from rlbalance.config import LearnerConfig
@@ -47,8 +47,8 @@ class Learner(LearnerBase):
 
         self.world = dist.world_size() if distributed else 1
         self.action = model.action  # the action space's distribution (rlbalance.envs.spaces)
-        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
-                                          lr=cfg.learning_rate, eps=cfg.adam_eps)
+        self.optimizer = make_adam((p for p in self.model.parameters() if p.requires_grad), cfg.learning_rate,
+                                   cfg.adam_eps, device)
         self.updates = 0
         self.steps = 0  # environment steps consumed
         self.cuda = device.type == "cuda"
@@ -142,6 +142,8 @@ class Learner(LearnerBase):
         t1 = time.perf_counter()
         if self.cuda:
             self._ev_start.record()
+        if cfg.minibatches > 1 or cfg.epochs > 1:  # images scaled and reordered once, not in every pass
+            b = {k: prepared_frames(v, self.model.torso_precision) if k == "obs" else v for k, v in b.items()}
         lr = self._set_lr()
         self._update_obs_norm(b["obs"])
         n = b["action"].shape[1]
@@ -154,8 +156,7 @@ class Learner(LearnerBase):
             order = torch.arange(n) if epoch == 0 else torch.randperm(n)
             for cols in order.chunk(m):
                 ta = time.perf_counter()
-                mb = b if m == 1 else {k: v[cols.to(v.device)] if k == "core" else v[:, cols.to(v.device)]
-                                       for k, v in b.items() if k not in PER_BUFFER_KEYS}
+                mb = b if m == 1 else self._columns(b, cols, targets_needed=epoch == 0)
                 targets = None if epoch == 0 else (vs[:, cols], adv[:, cols])
                 total, stats, (mvs, madv) = self.loss(mb, targets=targets)
                 if epoch == 0 and cfg.epochs > 1:
@@ -184,6 +185,17 @@ class Learner(LearnerBase):
             out["time_gpu_train"] = self._ev_start.elapsed_time(self._ev_end) / 1000.0
         grad_norm = out.pop("grad_norm")
         return self._count(b["action"], out, grad_norm, lr, t1 - t0, fwd_bwd, optim)
+
+    @staticmethod
+    def _columns(b: dict[str, torch.Tensor], cols: torch.Tensor, targets_needed: bool) -> dict[str, torch.Tensor]:
+        """Unrolls ``cols`` of batch ``b`` (index_select: ~7x faster than advanced indexing on a CPU for Atari
+        frames). A time limit's last observations (``final_obs``, as large as ``obs``) only where the V-trace targets
+        are computed and a time limit was hit."""
+        cols = cols.to(b["action"].device)
+        skip = set(PER_BUFFER_KEYS)
+        if not targets_needed or not bool(b["truncated"].index_select(1, cols).any()):
+            skip.add("final_obs")
+        return {k: select_columns(v, 0 if k == "core" else 1, cols) for k, v in b.items() if k not in skip}
 
     def _update_obs_norm(self, obs: torch.Tensor) -> None:
         """Fold the batch's observations (rows 0..T-1; row T is the next unroll's first) into the running
@@ -250,6 +262,6 @@ class Learner(LearnerBase):
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer(self.optimizer, state["optimizer"])
         self.updates = int(state["updates"])
         self.steps = int(state["steps"])

@@ -42,7 +42,7 @@ class ActorCritic(nn.Module):
         nn.init.zeros_(self.baseline.bias)
 
     def _prep(self, obs: torch.Tensor) -> torch.Tensor:
-        x = scaled_input(obs)
+        x = scaled_input(obs, self.torso_precision)
         return self.obs_norm(x) if self.obs_norm is not None else x  # (MLP only: no image layout to keep)
 
     def _policy_features(self, x: torch.Tensor) -> torch.Tensor:
