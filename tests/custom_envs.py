@@ -111,3 +111,18 @@ gym.register("Bits-v0", entry_point=Switches, kwargs={"binary": True})
 gym.register("Target-v0", entry_point=Target)
 gym.register("Corridor-v0", entry_point=Corridor, max_episode_steps=20)
 gym.register("Varying-v0", entry_point=Varying)
+
+
+class BrokenInActors(Corridor):
+    """Made fine in the learner (which probes the spaces) and raising in actor processes: an env whose constructor
+    fails where it runs (a missing ROM, a library only the learner's node has)."""
+
+    def __init__(self):
+        import multiprocessing as mp
+
+        if mp.current_process().name.startswith("rlbalance-actor"):
+            raise RuntimeError("BrokenInActors: no simulator licence in this process")
+        super().__init__()
+
+
+gym.register("BrokenInActors-v0", entry_point=BrokenInActors, max_episode_steps=20)

@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from rlbalance.cli.options import HelpFormatter, normalize_option
+from rlbalance.cli.options import HelpFormatter, normalize_option, suggest_option
 from rlbalance.core.errors import ConfigError
 
 SUBCOMMANDS = {
@@ -39,27 +39,42 @@ def main(argv: list[str] | None = None) -> int:
         epilog="rlbalance COMMAND --help describes a command's options.")
     parser.add_argument("--version", action="version", version=f"rlbalance {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
+    modules, parsers = {}, {}
     for name, help_text in SUBCOMMANDS.items():
         mod = importlib.import_module(f"rlbalance.cli.{name}")
         p = sub.add_parser(name, help=help_text, description=mod.__doc__, formatter_class=HelpFormatter)
         mod.add_arguments(p)
+        positionals = [a.metavar or a.dest.upper() for a in p._actions if not a.option_strings]
+        p.usage = " ".join(["%(prog)s", *positionals, "[OPTIONS]"])  # (argparse's own lists every option)
         modules[name] = mod
+        parsers[name] = p
     try:  # shell completion where argcomplete is installed: eval "$(register-python-argcomplete rlbalance)"
         import argcomplete
     except ImportError:
         pass
     else:
         argcomplete.autocomplete(parser)
-    args = parser.parse_args([normalize_option(a) for a in (sys.argv[1:] if argv is None else argv)])
+    args, unknown = parser.parse_known_args([normalize_option(a) for a in (sys.argv[1:] if argv is None else argv)])
+    if unknown:  # argparse would print the whole usage; name the option and the one meant instead
+        sub_parser = parsers[args.command]
+        close = suggest_option(sub_parser, unknown[0])
+        print(f"{sub_parser.format_usage().strip()}\nrlbalance {args.command}: error: unrecognized argument "
+              f"{unknown[0]}" + (f"; did you mean {close}?" if close else f" (see rlbalance {args.command} --help)"),
+              file=sys.stderr)
+        return EXIT_REFUSED
     from rlbalance.core.errors import DiskWriteError, NonFiniteLossError
-    from rlbalance.runtime.actor_pool import ActorFailure
+    from rlbalance.runtime.actor_pool import ActorFailure, ActorStartFailure
 
     try:
         return int(modules[args.command].run(args) or 0)
     except ConfigError as e:
         print(f"rlbalance {args.command}: error: {e}", file=sys.stderr)
         return EXIT_REFUSED
+    except ActorStartFailure as e:  # the actor's traceback once, then what it means; a new run leaves nothing
+        if e.__cause__ is not None:
+            print(str(e.__cause__).strip(), file=sys.stderr)
+        print(f"rlbalance {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except (NonFiniteLossError, ActorFailure, DiskWriteError) as e:
         print(f"rlbalance {args.command}: training stopped: {e}\nsummary.json in the run directory names the last "
               "good checkpoint; continue with --resume RUN_DIR once the cause is fixed.", file=sys.stderr)

@@ -1,14 +1,19 @@
 """Evaluate a trained run: play whole games with its latest checkpoint (no learning) and report the returns.
 
+Writes eval.json (and video.mp4) to evals/RUN_NAME-TIME/ in the current directory, or to --out DIR; the run
+directory it reads is left as it is, unless --into-run asks for eval.json there and a line in the run's report.
+
 Examples:
   rlbalance eval runs/CartPole-v1-20261202-140000
   rlbalance eval runs/ALE_Pong-v5-20261202-150000 --episodes 30 --greedy
-  rlbalance eval runs/ALE_Pong-v5-20261202-150000 --video            # and RUN/video.mp4 of one game
+  rlbalance eval runs/ALE_Pong-v5-20261202-150000 --video            # and an MP4 of one game
+  rlbalance eval runs/CartPole-v1-20261202-140000 --into-run         # RUN/eval.json, shown in RUN/report.html
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 
@@ -24,8 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="env and sampling seed; without it, one apart from "
                    "the run's training seeds")
     p.add_argument("--max-steps", type=int, default=10_000_000, help="give up after this many env steps")
+    p.add_argument("--out", metavar="DIR", help="where eval.json (and video.mp4) go (default: "
+                   "evals/RUN_NAME-YYYYmmdd-HHMMSS in the current directory)")
+    p.add_argument("--into-run", action="store_true", help="write eval.json (and video.mp4) into the run directory "
+                   "and add the evaluation to its report")
     p.add_argument("--video", nargs="?", const="", default=None, metavar="MP4",
-                   help="also record one game as an MP4 (to MP4, or RUN_DIR/video.mp4 without a path); "
+                   help="also record one game as an MP4 (to MP4, or video.mp4 beside eval.json without a path); "
                    "Atari at 15 frames/s, one frame per agent step")
     p.add_argument("--video-steps", type=int, default=10_000, help="--video: stop the game after this many agent steps")
 
@@ -35,14 +44,25 @@ def run(args: argparse.Namespace) -> int:
 
     from rlbalance.runtime.evaluate import evaluate
 
+    from rlbalance.core.errors import ConfigError
+    from rlbalance.runtime.rundir import RunDir
+
+    if args.into_run and args.out:
+        raise ConfigError("--out and --into-run: give one (--into-run writes into the run directory itself)")
+    RunDir(Path(args.run_dir)).read_config()  # a missing run is refused before anything is written
+    run_dir = Path(args.run_dir)
+    out = run_dir if args.into_run else Path(args.out) if args.out else Path(
+        "evals", f"{run_dir.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}")
     video = None
     if args.video is not None:  # first: a run that cannot be recorded is refused before anything is written
         from rlbalance.runtime.evaluate import record_video
 
-        video = record_video(args.run_dir, args.video or None, greedy=args.greedy, checkpoint=args.checkpoint,
-                             device=args.device, seed=args.seed, max_steps=args.video_steps)
+        video = record_video(args.run_dir, args.video or out / "video.mp4", greedy=args.greedy,
+                             checkpoint=args.checkpoint, device=args.device, seed=args.seed,
+                             max_steps=args.video_steps)
     r = evaluate(args.run_dir, episodes=args.episodes, num_envs=args.envs, greedy=args.greedy,
-                 checkpoint=args.checkpoint, device=args.device, seed=args.seed, max_steps=args.max_steps)
+                 checkpoint=args.checkpoint, device=args.device, seed=args.seed, max_steps=args.max_steps,
+                 out_dir=out)
     console = Console()
     if r["episodes"]:
         console.print(
@@ -53,13 +73,12 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold red]incomplete[/bold red]: --max-steps {args.max_steps:,} ran out after "
                       f"{r['episodes']} of {r['games_per_env'] * r['num_envs']} games (kept in eval.json); "
                       "raise --max-steps or lower --episodes")
-    run_dir = Path(args.run_dir)
-    print(f"wrote {run_dir / 'eval.json'}")
+    print(f"wrote {out / 'eval.json'}")
     if video is not None:
         v = video
         print(f"wrote {v['path']}: one game, return {v['return']:.1f}, {v['frames']} frames at {v['fps']:g} "
               f"frames/s ({v['seconds']:.1f} s){'' if v['game_over'] else ', cut at --video-steps'}")
-    if (run_dir / "report.html").is_file():  # the run's report shows the evaluation too
+    if args.into_run and (run_dir / "report.html").is_file():  # the run's report shows the evaluation too
         from rlbalance.telemetry.report import write_report
 
         print(f"updated {write_report(run_dir)}")

@@ -53,17 +53,46 @@ def normalize_option(arg: str) -> str:
     return arg
 
 
+def _shown(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else repr(value) if isinstance(value, str) else str(value)
+
+
+def default_text(sec: str, name: str, default) -> str:
+    """What a run uses for a field: the preset's value where the preset of a plain run (CartPole-v1: classic) or
+    another family's sets it, else the field's default."""
+    from rlbalance.config.presets import PRESETS, resolve
+
+    plain = resolve("auto", C.EnvConfig.id)
+    by_preset = {k: v[sec][name] for k, v in PRESETS.items() if name in v.get(sec, {})}
+    if not by_preset:
+        return f"default: {_shown(default)}"
+    first = (f"{_shown(by_preset[plain])} in a plain run ({plain} preset, {C.EnvConfig.id})" if plain in by_preset
+             else f"{_shown(default)} in a plain run ({C.EnvConfig.id})")
+    others = [f"{_shown(v)} with the {k} preset" for k, v in by_preset.items() if k != plain]
+    return "; ".join([first, *others, f"{_shown(default)} otherwise"])
+
+
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="TOML or YAML config file (defaults < file < command line).")
+    p.add_argument("--config", metavar="FILE", help="TOML or YAML config file (defaults < preset < file < command "
+                   "line).")
     p.add_argument("--set", metavar="SECTION.FIELD=VALUE", action="append", default=[],
                    help="Override any field, e.g. --set learner.batch_size=128 (repeatable).")
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for sec, name, default, doc in C.field_docs():
-        group = p.add_argument_group(sec) if not hasattr(p, f"_grp_{sec}") else getattr(p, f"_grp_{sec}")
-        setattr(p, f"_grp_{sec}", group)
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        group.add_argument(f"--{sec}.{name}", dest=f"cfg__{sec}__{name}", metavar=metavar(sec, name), default=None,
-                           help=f"{doc} (default: {shown!r})" if isinstance(shown, str)
-                           else f"{doc} (default: {shown})")
+        if sec not in groups:
+            what = (C.SECTIONS[sec].__doc__ or "").strip().splitlines()[0]
+            groups[sec] = p.add_argument_group(f"{sec} options", what)
+        groups[sec].add_argument(f"--{sec}.{name}", dest=f"cfg__{sec}__{name}", metavar=metavar(sec, name),
+                                 default=None, help=f"{doc} ({default_text(sec, name, default)})")
+
+
+def suggest_option(parser: argparse.ArgumentParser, unknown: str) -> str | None:
+    """The option of ``parser`` closest to a misspelled one (``--learner.lerning_rate``), if any is close."""
+    import difflib
+
+    names = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(unknown.split("=", 1)[0], names, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def cli_overrides(args: argparse.Namespace) -> dict:

@@ -1,5 +1,9 @@
 """Train an agent. Defaults train CartPole-v1 with central inference on 2 actors.
 
+Each env family has a preset (run.preset: classic for CartPole and other gymnasium tasks, atari for ALE ids,
+continuous for Box actions, toy, synthetic) over the field defaults; every option below shows the value a plain
+run uses and what each preset sets. Options given here go on top of the preset.
+
 Examples:
   rlbalance train
   rlbalance train --env.id ALE/Pong-v5 --learner.reward_clip 1 --run.total_steps 500000

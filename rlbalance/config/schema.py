@@ -14,7 +14,9 @@ All checks of values, and all derived values, live in ``Config.__post_init__`` a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,20 +153,35 @@ def _field_type(section: type, name: str) -> Any:
     return typing.get_type_hints(section)[name]
 
 
+def _list_of(text: str) -> list:
+    """A list from the command line: JSON (``["a", "b"]``), or names with commas, in brackets or not (``[a,b]``,
+    ``a,b``)."""
+    t = text.strip()
+    if t.startswith("["):
+        try:
+            return json.loads(t)
+        except json.JSONDecodeError:
+            t = t[1:-1] if t.endswith("]") else t[1:]
+    return [v.strip().strip("'\"") for v in t.split(",") if v.strip()]
+
+
 def coerce(section: str, name: str, value: Any) -> Any:
     """Turn a file or CLI value into the field's type, or raise ConfigError naming the field."""
     cls = SECTIONS[section]
     hints = typing.get_type_hints(cls)
     if name not in hints:
-        known = ", ".join(f.name for f in dataclasses.fields(cls))
-        raise ConfigError(f"unknown field {section}.{name}; {section} has: {known}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        if close:
+            raise ConfigError(f"unknown field {section}.{name}; did you mean {section}.{close[0]}?")
+        raise ConfigError(f"unknown field {section}.{name}; {section} has: {', '.join(known)}")
     typ = hints[name]
     full = f"{section}.{name}"
     try:
         if typing.get_origin(typ) is tuple:
             (inner, *_rest) = typing.get_args(typ)
             if isinstance(value, str):
-                value = json.loads(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+                value = _list_of(value)
             if not isinstance(value, (list, tuple)):
                 raise TypeError
             return tuple(inner(v) for v in value)
@@ -242,19 +259,36 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     name = presets.resolve(name, env_id, imports)  # an unknown name has no layer; RunConfig refuses it by name
     agent = coerce("learner", "agent", (overrides.get("learner") or {}).get("agent", LearnerConfig.agent))
     user_buffers = "buffers_per_actor" in (overrides.get("actors") or {})
-    overrides = merge(presets.layer(name, env_id, agent), overrides, {"run": {"preset": name}})
-    sections = {}
-    for sec, cls in SECTIONS.items():
-        vals = {k: coerce(sec, k, v) for k, v in (overrides.get(sec) or {}).items()}
-        sections[sec] = cls(**vals)
-    if not user_buffers:
-        # A preset's buffer count (kept low to bound policy lag) fits its own actor layout; with fewer actors or
-        # groups given on top of it, raise it to the least that does not stall (a user's own value is checked).
-        sections["actors"] = fit_buffers(sections["actors"], sections["learner"])
-    unknown = set(overrides) - set(SECTIONS)
-    if unknown:
-        raise ConfigError(f"unknown config section(s) {sorted(unknown)}; sections are {sorted(SECTIONS)}")
-    return Config(**sections)
+    user, preset_layer = overrides, presets.layer(name, env_id, agent)
+    overrides = merge(preset_layer, overrides, {"run": {"preset": name}})
+    try:
+        sections = {}
+        for sec, cls in SECTIONS.items():
+            vals = {k: coerce(sec, k, v) for k, v in (overrides.get(sec) or {}).items()}
+            sections[sec] = cls(**vals)
+        if not user_buffers:
+            # A preset's buffer count (kept low to bound policy lag) fits its own actor layout; with fewer actors or
+            # groups given on top of it, raise it to the least that does not stall (a user's own value is checked).
+            sections["actors"] = fit_buffers(sections["actors"], sections["learner"])
+        unknown = set(overrides) - set(SECTIONS)
+        if unknown:
+            close = {u: difflib.get_close_matches(u, list(SECTIONS), n=1) for u in sorted(unknown)}
+            hint = "; ".join(f"did you mean {c[0]!r} for {u!r}?" for u, c in close.items() if c)
+            raise ConfigError(f"unknown config section(s) {sorted(unknown)}; sections are {sorted(SECTIONS)}"
+                              + (f" ({hint})" if hint else ""))
+        return Config(**sections)
+    except ConfigError as e:
+        raise _name_preset_values(e, user, preset_layer, name) from None
+
+
+def _name_preset_values(e: ConfigError, user: dict, layer: dict, preset: str) -> ConfigError:
+    """``e``, saying which of the values it names the preset set (the user did not: they may not know of them)."""
+    notes = [f"{sec}.{field}={layer[sec][field]!r} is the {preset} preset's" for sec, field in
+             dict.fromkeys(re.findall(r"\b([a-z0-9_]+)\.([a-z0-9_]+)=", str(e)))
+             if field in layer.get(sec, {}) and field not in (user.get(sec) or {})]
+    if not notes:
+        return e
+    return ConfigError(f"{e} ({'; '.join(notes)}: give your own value to change it, or run.preset=none for no preset)")
 
 
 def read_file(path: str | Path) -> dict[str, dict[str, Any]]:

@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -284,7 +285,9 @@ class ActorShared:
     weights: SharedWeights | None
 
 
-FREE, FULL, STATS = b"B", b"F", b"S"  # control-pipe message kinds: free buffer in, full buffer and stats out
+FREE, FULL, STATS, START_FAILED = b"B", b"F", b"S", b"X"  # control-pipe message kinds: free buffer in; full buffer,
+# stats and the error an actor could not start with (its traceback) out
+START_FAILED_EXIT = 86  # an actor's exit code when it could not start (START_FAILED says why)
 
 
 def encode_index(kind: bytes, idx: int) -> bytes:
@@ -327,6 +330,13 @@ class BufferLink:
     def stats(self, snap: dict) -> None:
         self.conn.send_bytes(STATS + pickle.dumps(("actor", self.actor_id, snap)))
 
+    def start_failed(self, text: str) -> None:
+        """The traceback of the error this actor could not start with, for the learner to show once."""
+        try:
+            self.conn.send_bytes(START_FAILED + text.encode())
+        except OSError:
+            pass
+
 
 def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, conns, ctl) -> None:
     """Entry point of one actor process: env_groups rollouts stepped in turn.
@@ -349,15 +359,21 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
     link = BufferLink(ctl, actor_id, sh.stop, beat)
     envs: list[EnvBatch] = []
     try:
-        envs = actor_env_groups(cfg, actor_id, incarnation)
-        if cfg.inference.mode == "central":
-            policies = [CentralClient(c, sh.slots, conn) for c, conn in zip(clients, conns)]
-        else:
-            model = registry.build_model(cfg.learner, envs[0].spec)
-            local = LocalModel(model, sh.weights, cfg.inference.sync_every, client_seed(cfg, clients[0]))
-            explore = exploration(cfg)
-            policies = [local.policy(cfg.actors.envs_per_actor, None if explore is None else explore[c])
-                        for c in clients]
+        try:
+            envs = actor_env_groups(cfg, actor_id, incarnation)
+            if cfg.inference.mode == "central":
+                policies = [CentralClient(c, sh.slots, conn) for c, conn in zip(clients, conns)]
+            else:
+                model = registry.build_model(cfg.learner, envs[0].spec)
+                local = LocalModel(model, sh.weights, cfg.inference.sync_every, client_seed(cfg, clients[0]))
+                explore = exploration(cfg)
+                policies = [local.policy(cfg.actors.envs_per_actor, None if explore is None else explore[c])
+                            for c in clients]
+        except Exception as e:  # (an import, an env constructor): it would fail the same way after any restart
+            if isinstance(e, InjectedCrash):
+                raise
+            link.start_failed(traceback.format_exc())
+            raise SystemExit(START_FAILED_EXIT) from None  # (the learner shows the traceback, once)
         rollouts = [Rollout(e, p, timer, c, unroll_base(incarnation)) for e, p, c in zip(envs, policies, clients)]
         owned = [link.take(timer) for _ in rollouts]
         for r, idx in zip(rollouts, owned):

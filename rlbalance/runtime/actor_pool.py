@@ -19,13 +19,61 @@ import time
 from multiprocessing.connection import wait
 
 from rlbalance.config import Config
-from rlbalance.runtime.actor import FREE, FULL, STATS, ActorShared, actor_main, encode_index
+from rlbalance.runtime.actor import (
+    FREE, FULL, START_FAILED, START_FAILED_EXIT, STATS, ActorShared, actor_main, encode_index,
+)
 
 START_TIMEOUT_S = 60.0  # a new actor process may take this long (imports, env creation) to step once
 
 
 class ActorFailure(RuntimeError):
     """Actors failed more often than actors.max_restarts allows."""
+
+
+class ActorStartFailure(ActorFailure):
+    """An actor could not start (an import, an env constructor): a restart would fail the same way, so the run
+    stops at the first, with the actor's traceback as its cause."""
+
+
+class UnguardedMainError(ActorStartFailure):
+    """rlbalance.train was called again in an actor process as it imported the user's script."""
+
+
+class _ActorTraceback(Exception):
+    """An actor's traceback, as text (the cause of an ActorStartFailure, printed with it)."""
+
+    def __str__(self) -> str:
+        return "\n" + self.args[0].rstrip()
+
+
+UNGUARDED_MAIN_EXIT = 87  # an actor process's exit code when train() was called as it imported __main__
+
+
+def refuse_train_in_spawned_child() -> None:
+    """Called first by train(): a process that multiprocessing is still starting (it imports the parent's main
+    script, as spawn does) and that reaches train() ran a script that calls it at import time. It exits at once,
+    without a traceback; its parent names the cause (``UnguardedMainError``)."""
+    import multiprocessing as mp
+
+    if getattr(mp.current_process(), "_inheriting", False):
+        os._exit(UNGUARDED_MAIN_EXIT)
+
+
+def _start_failure(i: int, exitcode: int | None, text: str | None) -> ActorStartFailure | None:
+    if exitcode == UNGUARDED_MAIN_EXIT:
+        import __main__
+
+        script = getattr(__main__, "__file__", None) or "your script"
+        return UnguardedMainError(
+            f"rlbalance.train() was called again in actor process {i} as it imported {script}: put the call under "
+            "`if __name__ == \"__main__\":` (actor processes are spawned, and each imports the main script first)")
+    if exitcode == START_FAILED_EXIT and text:
+        last = text.rstrip().splitlines()[-1]
+        err = ActorStartFailure(f"actor {i} could not start: {last} (its traceback above); restarting it would fail "
+                                "the same way")
+        err.__cause__ = _ActorTraceback(text)
+        return err
+    return None
 
 
 class ActorPool:
@@ -51,6 +99,7 @@ class ActorPool:
                                         for i in range(cfg.actors.num_actors)]  # free, for the next process
         self.stats: list[tuple] = []
         self._eof: set[int] = set()  # actors whose control pipe closed (dead), until restarted
+        self.start_errors: dict[int, str] = {}  # actor -> the traceback it could not start with
 
     def owner(self, idx: int) -> int:
         return idx // self.per_actor
@@ -108,6 +157,11 @@ class ActorPool:
             hung = not dead and now - beat > limit
             if not (dead or hung):
                 continue
+            if dead and self.ctl[i] is not None:
+                self._read(i, self.ctl[i])  # (a start failure's traceback)
+            failure = _start_failure(i, p.exitcode, self.start_errors.get(i)) if dead else None
+            if failure is not None:
+                raise failure
             reason = f"exited with code {p.exitcode}" if dead else f"silent for {now - beat:.1f} s (hung)"
             if hung:
                 os.kill(p.pid, signal.SIGKILL)
@@ -160,6 +214,8 @@ class ActorPool:
                         self.full.append(j)
                 elif kind == STATS:
                     self.stats.append(pickle.loads(msg[1:]))
+                elif kind == START_FAILED:
+                    self.start_errors[i] = msg[1:].decode(errors="replace")
         except (EOFError, OSError):
             self._eof.add(i)  # the actor died; check() restarts it
 

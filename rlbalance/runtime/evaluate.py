@@ -32,8 +32,9 @@ EVAL_SEED_OFFSET = 500_009
 
 def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy: bool = False,
              checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
-             max_steps: int = 10_000_000, progress: bool = True) -> dict:
-    """Play ``episodes`` games (at least) with the run's latest (or the given) checkpoint; writes eval.json.
+             max_steps: int = 10_000_000, progress: bool = True, out_dir: str | Path | None = None) -> dict:
+    """Play ``episodes`` games (at least) with the run's latest (or the given) checkpoint; with ``out_dir``, writes
+    eval.json there (the run directory itself only when given as ``out_dir``: a run read is not a run written).
     Stops early after ``max_steps`` env steps, keeping the games finished by then (``complete`` False)."""
     if episodes < 1:
         raise ConfigError(f"--episodes {episodes}: must be >= 1")
@@ -99,7 +100,10 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
         "env_steps": steps, "frames": steps * spec.frames_per_step, "wall_s": time.perf_counter() - t0,
         "device": str(dev),
     }
-    atomic_write_json(run.path / "eval.json", result)
+    result["run_dir"] = str(run.path)
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        atomic_write_json(Path(out_dir) / "eval.json", result)
     return result
 
 
@@ -114,7 +118,7 @@ def _bar(total: int, enabled: bool):
     return bar, task
 
 
-def record_video(run_dir: str | Path, out: str | Path | None = None, greedy: bool = False,
+def record_video(run_dir: str | Path, out: str | Path, greedy: bool = False,
                  checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
                  max_steps: int = 10_000) -> dict:
     """One game played by the run's policy, as an MP4 (the env's own rgb frames, written by OpenCV);
@@ -147,7 +151,7 @@ def record_video(run_dir: str | Path, out: str | Path | None = None, greedy: boo
     # one rendered frame per agent step: an Atari agent step is frameskip emulator frames
     # (the Atari 2600 draws 60 frames a second, whatever ALE's metadata says)
     fps = 60.0 / env_cfg.frameskip if env_cfg.is_atari else float(env.metadata.get("render_fps") or 30)
-    path = Path(out) if out else run.path / "video.mp4"
+    path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=dev).manual_seed(seed)
     obs, _ = env.reset(seed=seed)

@@ -153,6 +153,9 @@ class RunDir:
 
     def read_config(self) -> Config:
         p = self.path / "config.json"
+        if not self.path.is_dir():
+            raise ConfigError(f"run directory {self.path} does not exist" + (
+                " (a file of that name is there)" if self.path.exists() else ""))
         if not p.is_file():
             raise ConfigError(f"run directory {self.path}: no config.json there; is it an rlbalance run directory?")
         return from_dict(json.loads(p.read_text()))

@@ -4,6 +4,7 @@ writes the final checkpoint and report."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ from rlbalance.runtime.ddp_runner import (
     runner_for,
     share_start_state,
 )
+from rlbalance.runtime.actor_pool import ActorStartFailure, UnguardedMainError, refuse_train_in_spawned_child
 from rlbalance.runtime.devices import resolve_device, resolve_devices
 from rlbalance.runtime.ray_workers import import_ray, loopback_env
 from rlbalance.runtime.rundir import RunDir
@@ -36,6 +38,7 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
 
     ``after_run(learner, spec)``, if given, runs after training and before the final checkpoint and
     report (``rlbalance profile`` captures its kernel view there)."""
+    refuse_train_in_spawned_child()  # a script calling train() without the __main__ guard, in its actor processes
     spec, model, device = _prepare(cfg)  # everything that can be refused is, before any process or file
     launched = launched_by_torchrun()
     if launched is not None and launched[0] > 0:  # a learner rank of a torchrun launch: rank 0 keeps the run dir
@@ -60,6 +63,10 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         restore()
         session.fail(e)  # summary.json says what stopped training; the last good checkpoint stays as it is
         run.unlock()
+        if isinstance(e, ActorStartFailure) and resume is None and learner.steps == 0:
+            shutil.rmtree(run.path, ignore_errors=True)  # a new run that never started: nothing to keep
+        if isinstance(e, UnguardedMainError):  # one line: the traceback would only point at this call
+            raise SystemExit(f"rlbalance: {e}") from None
         raise
     return _finish(session, run, outcome, restore)
 

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+from pathlib import Path
 
 from rlbalance.cli import main
 from rlbalance.runtime.evaluate import evaluate
@@ -14,7 +15,7 @@ def test_eval_trained_policy_beats_random_and_is_reproducible(cfg_factory, capsy
     # games, so a random policy scores 50 on average
     s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0}, run={"mode": "serial",
                                                                                   "total_steps": 30_000}))
-    assert main(["eval", s["run_dir"], "--episodes", "10", "--envs", "8", "--greedy"]) == 0
+    assert main(["eval", s["run_dir"], "--episodes", "10", "--envs", "8", "--greedy", "--into-run"]) == 0
     assert "return" in capsys.readouterr().out
     greedy = json.load(open(os.path.join(s["run_dir"], "eval.json")))
     assert greedy["episodes"] == 16 and greedy["games_per_env"] == 2  # every env plays the same number of games
@@ -35,7 +36,7 @@ def test_eval_without_checkpoint_names_the_fix(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no checkpoint" in err and "--checkpoint" in err
     assert main(["eval", str(tmp_path / "nowhere")]) == 2
-    assert "config.json" in capsys.readouterr().err
+    assert "nowhere does not exist" in capsys.readouterr().err
     assert main(["eval", str(run), "--episodes", "0"]) == 2
     assert "--episodes" in capsys.readouterr().err
 
@@ -43,10 +44,28 @@ def test_eval_without_checkpoint_names_the_fix(tmp_path, capsys):
 def test_eval_out_of_steps_keeps_the_games_played(cfg_factory):
     s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0}, run={"mode": "serial",
                                                                                   "total_steps": 2_000}))
-    assert main(["eval", s["run_dir"], "--episodes", "8", "--envs", "4", "--max-steps", "1000"]) == 1
-    r = json.load(open(os.path.join(s["run_dir"], "eval.json")))
+    out = os.path.join(s["run_dir"], "..", "eval-out")
+    assert main(["eval", s["run_dir"], "--episodes", "8", "--envs", "4", "--max-steps", "1000", "--out", out]) == 1
+    r = json.load(open(os.path.join(out, "eval.json")))
     # 200-step games, 4 envs: 1,000 env steps = 250 per env, so each env finished one game of its two
     assert not r["complete"] and r["episodes"] == 4 and r["lengths"] == [200] * 4
+
+
+def test_eval_leaves_the_run_it_reads_as_it_is(cfg_factory, tmp_path, monkeypatch, capsys):
+    """By default eval writes to evals/RUN_NAME-TIME/ in the current directory: not one file of the run changes
+    (the README's eval of a committed results folder must not overwrite it)."""
+    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0},
+                          run={"mode": "serial", "total_steps": 2_000, "name": "readonly"}))
+    run = Path(s["run_dir"])
+    before = {f: (f.stat().st_mtime_ns, f.read_bytes()) for f in run.rglob("*") if f.is_file()}
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", str(run), "--episodes", "2", "--envs", "2"]) == 0
+    after = {f: (f.stat().st_mtime_ns, f.read_bytes()) for f in run.rglob("*") if f.is_file()}
+    assert after == before
+    written = list((tmp_path / "evals").glob("readonly-*/eval.json"))
+    assert len(written) == 1 and json.loads(written[0].read_text())["run_dir"] == str(run)
+    assert f"wrote {written[0].relative_to(tmp_path)}" in capsys.readouterr().out
+    assert main(["eval", str(run), "--out", str(tmp_path / "x"), "--into-run"]) == 2  # one or the other
 
 
 def test_eval_video_writes_a_playable_mp4(cfg_factory, tmp_path, capsys):
@@ -60,7 +79,7 @@ def test_eval_video_writes_a_playable_mp4(cfg_factory, tmp_path, capsys):
                           telemetry={"tensorboard": False, "report": False}))
     out = tmp_path / "game.mp4"
     assert main(["eval", s["run_dir"], "--episodes", "2", "--envs", "2", "--video", str(out),
-                 "--video-steps", "40"]) == 0
+                 "--video-steps", "40", "--out", str(tmp_path / "ev")]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed
     cap = cv2.VideoCapture(str(out))
@@ -76,13 +95,16 @@ def test_eval_video_writes_a_playable_mp4(cfg_factory, tmp_path, capsys):
     assert not list(tmp_path.glob("*.tmp.mp4"))
 
 
-def test_eval_video_of_the_synthetic_env_is_refused_before_anything_is_written(cfg_factory, capsys):
+def test_eval_video_of_the_synthetic_env_is_refused_before_anything_is_written(cfg_factory, capsys, tmp_path,
+                                                                               monkeypatch):
     from rlbalance.cli import main
 
     s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 0.0},
                           run={"mode": "serial", "total_steps": 2_000, "name": "novid"},
                           telemetry={"tensorboard": False, "report": False}))
+    monkeypatch.chdir(tmp_path)
     assert main(["eval", s["run_dir"], "--video"]) == 2
+    assert not (tmp_path / "evals").exists()
     assert "synthetic env has nothing to show" in capsys.readouterr().err
     assert not os.path.exists(os.path.join(s["run_dir"], "eval.json"))
     assert not os.path.exists(os.path.join(s["run_dir"], "video.mp4"))

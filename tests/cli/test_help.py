@@ -1,0 +1,60 @@
+"""Help for people: a short usage line, options grouped by section with the values a run will use, suggestions for
+misspelled options and fields, examples that parse as written."""
+
+import re
+
+import pytest
+
+from rlbalance import config as C
+from rlbalance.cli import main
+
+
+def _help(capsys, *cmd) -> str:
+    with pytest.raises(SystemExit):
+        main([*cmd, "--help"])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cmd", ["train", "profile", "sweep", "calibrate", "eval", "bench"])
+def test_usage_is_short(capsys, cmd):
+    usage = _help(capsys, cmd).split("\n\n")[0]
+    assert usage.startswith(f"usage: rlbalance {cmd}") and "[OPTIONS]" in usage
+    assert len(usage.splitlines()) < 6, usage
+
+
+def test_options_show_what_a_cartpole_and_a_pong_run_use(capsys):
+    text = " ".join(_help(capsys, "train").split())
+    item = re.search(r"--learner\.learning_rate FLOAT (.*?) --learner\.", text).group(1)
+    cartpole = C.build({}).learner.learning_rate
+    pong = C.build({"env": {"id": "ALE/Pong-v5"}}).learner.learning_rate
+    assert f"{cartpole} in a plain run (classic preset, CartPole-v1)" in item, item
+    assert f"{pong} with the atari preset" in item, item
+    assert "learner options" in text and "env options" in text  # grouped by section
+
+
+def test_a_misspelled_option_gets_a_suggestion(capsys):
+    assert main(["train", "--learner.lerning_rate", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean --learner.learning_rate?" in err and len(err.strip().splitlines()) <= 3
+
+
+def test_a_misspelled_field_in_set_gets_a_suggestion(capsys):
+    assert main(["train", "--set", "learner.lerning_rate=0.1"]) == 2
+    assert "did you mean learner.learning_rate?" in capsys.readouterr().err
+
+
+def test_a_value_from_the_preset_is_named_as_such(capsys):
+    assert main(["train", "--learner.batch_size", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "learner.minibatches=4 is the classic preset's" in err
+
+
+@pytest.mark.parametrize("text, want", [("[myenvs]", ("myenvs",)), ("myenvs,other", ("myenvs", "other")),
+                                         ('["myenvs"]', ("myenvs",)), ("[a, b]", ("a", "b"))])
+def test_list_values_parse_in_every_form_the_help_shows(text, want):
+    assert C.coerce("env", "imports", text) == want
+
+
+def test_resume_of_a_missing_directory_says_so(capsys, tmp_path):
+    assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
+    assert f"run directory {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
