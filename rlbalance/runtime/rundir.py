@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -90,6 +91,12 @@ def hardware_stamp() -> dict:
     }
 
 
+def safe_name(env_id: str) -> str:
+    """An env id as a directory name on any file system: 'ALE/Pong-v5' -> 'ALE_Pong-v5', 'myenvs:Corridor-v0' ->
+    'myenvs_Corridor-v0' (letters, digits, '.', '_' and '-' only)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", env_id).strip("._") or "run"
+
+
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -121,7 +128,7 @@ class RunDir:
 
     @classmethod
     def create(cls, cfg: Config, resolved: dict | None = None) -> "RunDir":
-        name = cfg.run.name or f"{cfg.env.id.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = cfg.run.name or f"{safe_name(cfg.env.id)}-{time.strftime('%Y%m%d-%H%M%S')}"
         path = Path(cfg.run.out_dir) / name
         if (path / "config.json").exists():
             raise ConfigError(f"run.name={name!r}: run directory {path} already exists; pass --resume {path} to "

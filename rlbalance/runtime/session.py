@@ -225,7 +225,7 @@ class Session:
             self.lag_total += lag
             self.lag_count += 1
 
-    def log(self, now: float | None = None) -> dict:
+    def log(self, now: float | None = None, final: bool = False) -> dict:
         now = now or time.perf_counter()
         steps = self.learner.steps
         scalars = {f"loss/{k}": v for k, v in self.last_train.items() if not k.startswith("time_")}
@@ -253,14 +253,15 @@ class Session:
             scalars["hw/cpu_util"] = float(np.mean(s.cpu_per_core))
             scalars.update({f"hw/cpu_cores_{role}": v for role, v in s.proc_cpu.items()})
             scalars["hw/cpu_power_w"] = s.cpu_power_w
-            scalars["hw/gpu_power_w"] = s.gpu_power_w
+            if s.gpus:  # no GPU series on a machine without one
+                scalars["hw/gpu_power_w"] = s.gpu_power_w
             for i, g in enumerate(s.gpus):
                 scalars[f"hw/gpu{i}_util"] = g["util"]
         v = decide(window_shares, self.cfg.inference.mode == "central")
         scalars["verdict"] = v["verdict"]
         self.verdicts.append({"steps": steps, "verdict": v["verdict"]})
         self.policy_lag.clear()
-        rec = self.logger.log(steps, scalars)
+        rec = self.logger.log(steps, scalars, final=final)
         if steps > self._shown_steps:  # a record with no new steps (the final one) keeps the FPS shown
             self._shown_fps, self._shown_steps = rec["fps"], steps
         self.progress.update(steps, self._shown_fps, scalars["episode_return"])
@@ -355,7 +356,7 @@ class Session:
             pass
 
     def finish(self, outcome: str) -> dict:
-        self.log()
+        self.log(final=True)
         ckpt = self.checkpoint()
         self.progress.close()
         if self.sampler is not None:

@@ -70,10 +70,14 @@ class MetricsLogger:
         self.first_t: float | None = None  # time of the first update
         self.first_steps = start_steps  # steps counted at the first update
         self.warm_steps = start_steps
+        self.update_t: float | None = None  # time and step count of the last update
+        self.update_steps = start_steps
+        self.last_sps = 0.0
 
     def note_steps(self, steps: int) -> None:
         """Called after each update; warm-up counts from the first one (process start-up excluded)."""
         now = time.perf_counter()
+        self.update_t, self.update_steps = now, steps
         if self.first_t is None:
             self.first_t, self.first_steps = now, steps
         if self.warm_t is None and now - self.first_t >= self.warmup_s:
@@ -89,12 +93,20 @@ class MetricsLogger:
             t, s = self.first_t, self.first_steps
         else:
             return 0.0
+        if self.update_t is not None and steps == self.update_steps:
+            now = self.update_t  # to the last update: the final checkpoint and shutdown are not training
         return (steps - s) / max(now - t, 1e-9)
 
-    def log(self, steps: int, scalars: dict[str, float]) -> dict:
+    def log(self, steps: int, scalars: dict[str, float], final: bool = False) -> dict:
+        """One metrics record. Its SPS is the steps since the previous record over the time since it; the final
+        record of a session, where no update came after the previous one, repeats that record's rate (the time
+        after the last update is shutdown, not a stall)."""
         now = time.perf_counter()
-        sps = (steps - self.last_steps) / max(now - self.last_t, 1e-9)
-        self.last_t, self.last_steps = now, steps
+        if final and steps == self.last_steps and self.last_t > self.t0:
+            sps = self.last_sps
+        else:
+            sps = (steps - self.last_steps) / max(now - self.last_t, 1e-9)
+        self.last_t, self.last_steps, self.last_sps = now, steps, sps
         rec = {"time_s": round(now - self.t0, 4), "session": self.session, "steps": steps, "frames": steps * self.frames_per_step,
                "sps": sps, "fps": sps * self.frames_per_step, **scalars}
         self.file.write(dumps(rec, indent=None) + "\n")

@@ -34,6 +34,24 @@ _STAGES = ("env_step", "wait_action", "wait_buffer", "reset", "batch_wait", "h2d
            "fwd_bwd", "optim", "other")
 
 
+# Each stage in words, as the legend and the CSV's readers see it; on a machine without a GPU the "copies" are
+# host-memory work (gathering a batch, handing back actions), so they are named for that.
+_STAGE_WORDS = {
+    "env_step": "stepping envs", "wait_action": "waiting for actions", "wait_buffer": "waiting for a free buffer",
+    "reset": "resetting envs", "batch_wait": "waiting for requests", "forward": "forward pass",
+    "wait_data": "waiting for unrolls", "fwd_bwd": "forward and backward pass", "optim": "optimizer step",
+    "other": "other",
+}
+_COPY_WORDS = {True: {"h2d": "copying to the GPU", "d2h": "copying from the GPU"},
+               False: {"h2d": "gathering the batch", "d2h": "handing back results"}}
+
+
+def stage_words(stage: str, gpu: bool) -> str:
+    """A stage's name for people: 'fwd_bwd' -> 'forward and backward pass', 'h2d' -> 'copying to the GPU' (or,
+    without a GPU, 'gathering the batch')."""
+    return _COPY_WORDS[gpu].get(stage) or _STAGE_WORDS.get(stage) or stage.replace("_", " ")
+
+
 def stage_color(stage: str):
     import matplotlib
 
@@ -46,6 +64,28 @@ def _num(v):
     return float("nan") if v is None else v
 
 
+def _has_gpu(d: dict) -> bool:
+    return bool(d["meta"].get("hardware", {}).get("gpus")) or str(d["summary"].get("device", "")).startswith("cuda")
+
+
+def _with_gaps(m: list[dict]) -> list[dict]:
+    """The records of every session of a run, wall time counted on from one session to the next (each session's
+    time_s starts at 0), with an empty record between sessions so that plots leave a gap where the run was
+    stopped instead of drawing a line back."""
+    out: list[dict] = []
+    offset = last = 0.0
+    session = m[0].get("session", 0) if m else 0
+    for r in m:
+        if r.get("session", 0) != session:
+            session, offset = r.get("session", 0), last
+            out.append({"gap": True, "time_s": last, "steps": r["steps"], "frames": r.get("frames", r["steps"]),
+                        "fps": float("nan")})
+        rec = {**r, "time_s": r["time_s"] + offset}
+        last = rec["time_s"]
+        out.append(rec)
+    return out
+
+
 def _learning_figure(m: list[dict], frames: list[float], plt):
     """Return against frames and wall time, then losses, entropy, policy lag, gradient norm and learning
     rate against frames: what a researcher reads first."""
@@ -56,7 +96,7 @@ def _learning_figure(m: list[dict], frames: list[float], plt):
     fig, axes = plt.subplots(2, 4, figsize=(12, 5))
     minutes = [r["time_s"] / 60 for r in m]
     for ax, (label, key, x) in zip(axes.flat, panels):
-        ys = [_num(r.get(key)) for r in m]
+        ys = [_num(r.get(key)) for r in m]  # (a gap record has none: NaN, no line drawn through it)
         xs = frames if x == "frames" else minutes
         ax.plot(xs, ys, color="tab:green" if key == "episode_return" else "tab:blue", lw=1.2,
                 marker="." if len(m) < 20 else None)
@@ -75,13 +115,14 @@ def _plots(d: dict) -> list[tuple[str, str]]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     plots = []
-    m = d["metrics"]
+    m = _with_gaps(d["metrics"])
     fpstep = max(1, int(d["summary"].get("frames", 0) / d["summary"]["steps"])) if d["summary"].get("steps") else 1
     frames = [r.get("frames", r["steps"] * fpstep) for r in m]
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(frames, [r["fps"] for r in m], color="tab:blue")
+    ax.plot(frames, [_num(r.get("fps")) for r in m], color="tab:blue")
     ax.set_xlabel("env frames")
     ax.set_ylabel("FPS (frames/s)", color="tab:blue")
     ax2 = ax.twinx()
@@ -97,7 +138,7 @@ def _plots(d: dict) -> list[tuple[str, str]]:
     if node_keys:  # Ray actors: each node's CPU utilisation, as its actors report it
         fig, ax = plt.subplots(figsize=(7, 3.0))
         for k in node_keys:
-            pts = [(r["steps"], r[k]) for r in m if k in r]
+            pts = [(r["steps"], r.get(k, float("nan"))) for r in m if k in r or r.get("gap")]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k.removeprefix("ray/").removesuffix("_cpu_util"))
         ax.set_xlabel("env steps")
         ax.set_ylabel("node CPU utilisation")
@@ -122,8 +163,10 @@ def _plots(d: dict) -> list[tuple[str, str]]:
                 left += v
         ax.set_yticks(range(len(roles)), roles)
         ax.set_xlim(0, 1.0)
-        ax.set_xlabel("share of the role's wall time after warm-up (fraction)")
-        ax.legend(list(seen.values()), [k.replace("_", " ") for k in seen], fontsize=7, ncol=4,
+        ax.set_xlabel("share of the role's wall time after warm-up (%)")
+        ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+        gpu = _has_gpu(d)
+        ax.legend(list(seen.values()), [stage_words(k, gpu) for k in seen], fontsize=7, ncol=3,
                   loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(shares) < 3 else -0.2), frameon=False)
         ax.set_title("Stage breakdown per role")
         fig.tight_layout()
@@ -210,29 +253,39 @@ _FIGURE_LABELS = {
 }
 
 
-def _figure_label(key: str) -> str:
+def _figure_label(key: str, gpu: bool = True) -> str:
     label = _FIGURE_LABELS.get(key)
+    if key == "inference_copy" and not gpu:
+        label = "inference server gathering batches and handing back actions"
     if label is None:
         return key.replace("_", " ")
     return label + ("" if key.endswith("util_mean") else " (share of its time)")
+
+
+def _percent(v) -> str:
+    """Every figure of the verdict's evidence is a fraction (a share of time, a utilization): shown as a percent."""
+    return f"{v:.0%}" if isinstance(v, (int, float)) and not isinstance(v, bool) else _fmt(v)
 
 
 def write_csv(run: Path, d: dict | None = None) -> None:
     d = d or _load(run)
     with open(run / "stage_shares.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["role", "stage", "share"])
+        w.writerow(["role", "stage", "stage_in_words", "share"])
+        gpu = _has_gpu(d)
         for role, st in sorted(d["telemetry"].get("stage_shares", {}).items()):
             for stage, v in sorted(st.items()):
-                w.writerow([role, stage, f"{v:.6f}"])
+                w.writerow([role, stage, stage_words(stage, gpu), f"{v:.6f}"])
     tl = d["telemetry"].get("hardware_timeline", [])
+    gpu = _has_gpu(d) or any(s.get("gpu_util") for s in tl)
     with open(run / "hardware.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["t_s", "cpu_util_mean", "cpu_power_w", "cpu_power_source", "gpu_power_w", "gpu_power_source"])
+        w.writerow(["t_s", "cpu_util_mean", "cpu_power_w", "cpu_power_source"]
+                   + (["gpu_power_w", "gpu_power_source"] if gpu else []))  # no GPU columns without a GPU
         for s in tl:
             w.writerow([f"{s['t']:.3f}", f"{sum(s['cpu_per_core']) / len(s['cpu_per_core']):.4f}",
-                        f"{s['cpu_power_w']:.2f}", s["cpu_power_source"], f"{s['gpu_power_w']:.2f}",
-                        s["gpu_power_source"]])
+                        f"{s['cpu_power_w']:.2f}", s["cpu_power_source"]]
+                       + ([f"{s['gpu_power_w']:.2f}", s["gpu_power_source"]] if gpu else []))
 
 
 def _precision_row(choice: dict | None) -> str | None:
@@ -290,7 +343,8 @@ def write_report(run: str | Path) -> Path:
     table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(val)}</td></tr>" for k, val in rows if val is not None)
     figs = "\n".join(f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b}"><figcaption>'
                      f"{html.escape(t)}</figcaption></figure>" for t, b in _plots(d))
-    evidence = "".join(f"<li>{html.escape(_figure_label(k))}: {_fmt(val)}</li>" for k, val in v.get("figures", {}).items())
+    evidence = "".join(f"<li>{html.escape(_figure_label(k, _has_gpu(d)))}: {_percent(val)}</li>"
+                       for k, val in v.get("figures", {}).items())
     machine = (f"{html.escape(str(hw.get('cpu_model', '?')))}, {hw.get('physical_cores', '?')} cores / "
                f"{hw.get('logical_cpus', '?')} threads, GPUs: {html.escape(str([g['name'] for g in hw.get('gpus', [])] or 'none'))}, "
                f"commit {html.escape(str(hw.get('git_commit', '?')))}")

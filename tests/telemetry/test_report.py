@@ -48,6 +48,9 @@ def test_report_in_headless_chromium(cfg_factory, tmp_path):
 
     if not torch.cuda.is_available():
         assert "GPU power (W)" not in dom and "GPU energy" not in dom
+        assert "copying to and from the device" not in dom
+    evidence = re.findall(r"<li>[^<:]+: ([^<]*)</li>", dom)
+    assert evidence and all(v.endswith("%") for v in evidence), evidence  # one unit in the list
 
 
 def test_report_learning_figure_has_every_panel(cfg_factory):
@@ -83,7 +86,8 @@ def test_report_cli_and_csv(cfg_factory):
     assert main(["report", s["run_dir"]]) == 0
     assert os.path.exists(os.path.join(s["run_dir"], "report.html"))
     rows = open(os.path.join(s["run_dir"], "stage_shares.csv")).read().splitlines()
-    assert rows[0] == "role,stage,share" and any(r.startswith("actor,env_step,") for r in rows)
+    assert rows[0] == "role,stage,stage_in_words,share" and any(r.startswith("actor,env_step,stepping envs,")
+                                                                    for r in rows)
 
 
 def test_profile_groups_kernels(tmp_path, capsys):
