@@ -34,7 +34,7 @@ WORKLOADS = {
     # The Atari preset (rlbalance/config/presets.py) is the one source of its settings.
     "pong": {"env": {"id": "ALE/Pong-v5"}},
     # The bench's Pong config before the preset (B=16, one pass, gymnasium envs), kept to measure what the
-    # preset costs in FPS, in the same bench run; it did not learn Pong (README).
+    # preset costs in FPS, in the same bench run; it did not learn Pong (bench/README.md).
     "pong-previous": {"env": {"id": "ALE/Pong-v5", "backend": "gymnasium"}, "run": {"preset": "none"},
                       "actors": {"envs_per_actor": 8},
                       "learner": {"batch_size": 16, "unroll_length": 20, "learning_rate": 8e-4, "reward_clip": 1.0,
