@@ -19,7 +19,10 @@ def _layer(i, o, std=np.sqrt(2)):
     return lin
 
 
-def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: int = 128, seed: int = 0) -> dict:
+def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: int = 128, seed: int = 0,
+                    target: float | None = None) -> dict:
+    """SPS over ``total_steps``; with ``target``, also the wall time and env steps at which the mean return of
+    the last 100 episodes first reached it (checked after each rollout), and the curve (seconds, steps, mean)."""
     import envpool
 
     torch.set_num_threads(1)
@@ -36,6 +39,7 @@ def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: in
     done = torch.zeros(num_envs)
     steps, t0 = 0, time.perf_counter()
     returns, ep_ret = [], np.zeros(num_envs)
+    curve, hit = [], None
     while steps < total_steps:
         for t in range(num_steps):
             obs_buf[t], done_buf[t] = obs, done
@@ -52,6 +56,11 @@ def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: in
             rew_buf[t] = torch.tensor(r, dtype=torch.float32)
             obs, done = torch.tensor(o, dtype=torch.float32), torch.tensor(d, dtype=torch.float32)
         steps += num_steps * num_envs
+        if returns:
+            mean = float(np.mean(returns[-100:]))
+            curve.append((time.perf_counter() - t0, steps, mean))
+            if target is not None and hit is None and mean >= target:
+                hit = curve[-1]
         with torch.no_grad():
             next_v = critic(obs).squeeze(-1)
             adv = torch.zeros_like(rew_buf)
@@ -81,5 +90,9 @@ def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: in
                 opt.step()
     wall = time.perf_counter() - t0
     envs.close()
-    return {"sps": steps / wall, "steps": steps, "wall_s": wall,
-            "return_last100": float(np.mean(returns[-100:])) if returns else float("nan")}
+    out = {"sps": steps / wall, "steps": steps, "wall_s": wall,
+           "return_last100": float(np.mean(returns[-100:])) if returns else float("nan")}
+    if target is not None:
+        out.update(target=target, seconds_to_target=hit[0] if hit else None, steps_to_target=hit[1] if hit else None,
+                   curve=curve)
+    return out

@@ -40,7 +40,28 @@ def measure(tree: Path, workload: str, overrides: dict, seconds: float) -> dict:
     raise RuntimeError(f"measuring {workload} {overrides} in {tree} failed:\n{out.stderr[-2000:]}")
 
 
-def run(baseline: Path | None, workload: str, rounds: int, seconds: float, out: Path, progress=print) -> dict:
+def measure_e2e(tree: Path, env_id: str, overrides: dict, seconds: float) -> dict:
+    """A real training run of ``seconds`` with the env's preset in checkout ``tree``: its sustained FPS and the
+    learner's share of time waiting for data (0: learner-bound)."""
+    import os
+    import tempfile
+
+    sets = [f"--set={sec}.{k}={v}" for sec, vals in overrides.items() for k, v in vals.items()]
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "rlbalance", "train", "--env.id", env_id, "--run.max_seconds", str(seconds),
+               "--run.total_steps", "1000000000", "--run.out_dir", tmp, "--run.name", "e2e",
+               "--telemetry.progress", "false", "--telemetry.tensorboard", "false", *sets]
+        r = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree.resolve())},
+                           capture_output=True, text=True, timeout=seconds + 600)
+        summary = Path(tmp) / "e2e" / "summary.json"
+        if r.returncode != 0 or not summary.is_file():
+            raise RuntimeError(f"e2e run in {tree} failed:\n{r.stderr[-2000:]}")
+        s = json.loads(summary.read_text())
+    return {"fps": s["fps_sustained"], "sps": s["sps_sustained"], "verdict": s["verdict"]}
+
+
+def run(baseline: Path | None, workload: str, rounds: int, seconds: float, out: Path, progress=print,
+        e2e_seconds: float = 0.0, env_id: str = "ALE/Pong-v5") -> dict:
     from rlbalance.agents.precision import choice, cpu_flags
     from rlbalance.core.jsonio import atomic_write_json
     from rlbalance.runtime.rundir import hardware_stamp
@@ -54,6 +75,13 @@ def run(baseline: Path | None, workload: str, rounds: int, seconds: float, out: 
             progress(f"round {r + 1}/{rounds}: {name} ...")
             samples[name].append(measure(tree, workload, over, seconds))
             progress(f"  {samples[name][-1]['sps']:,.0f} SPS")
+    e2e: dict[str, list[dict]] = {}
+    if e2e_seconds:  # end to end, the baseline's defaults against 'auto', alternating
+        for r in range(rounds):
+            for name, tree, over in [v for v in variants if v[0] in ("baseline", "auto")]:
+                progress(f"round {r + 1}/{rounds}: end to end, {name}, {e2e_seconds:g} s ...")
+                e2e.setdefault(name, []).append(measure_e2e(tree, env_id, over, e2e_seconds))
+                progress(f"  {e2e[name][-1]['fps']:,.0f} FPS ({e2e[name][-1]['verdict']})")
     med = {k: statistics.median(s["sps"] for s in v) for k, v in samples.items()}
     ref = "baseline" if baseline else "fp32"
     stamp = hardware_stamp()
@@ -61,7 +89,9 @@ def run(baseline: Path | None, workload: str, rounds: int, seconds: float, out: 
            "hardware": stamp, "cpu_bf16_flags": sorted(f for f in cpu_flags() if "bf16" in f),
            "auto_chose": choice("auto", "cpu", True), "seconds_per_measurement": seconds, "rounds": rounds,
            "baseline": _commit(baseline) if baseline else None, "samples": samples, "median_sps": med,
-           "speedup_over": ref, "speedup": {k: v / med[ref] for k, v in med.items()}}
+           "speedup_over": ref, "speedup": {k: v / med[ref] for k, v in med.items()},
+           "e2e": e2e, "e2e_seconds": e2e_seconds,
+           "e2e_median_fps": {k: statistics.median(x["fps"] for x in v) for k, v in e2e.items()}}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / f"precision-{workload}.json", doc)
     lines = [f"# Learner ceiling by torso precision: {workload} ({doc['date']})", "",
@@ -76,6 +106,14 @@ def run(baseline: Path | None, workload: str, rounds: int, seconds: float, out: 
         per_round = ", ".join(f"{s['sps']:,.0f}" for s in v)
         lines.append(f"| {k} | {per_round} | {med[k]:,.0f} | "
                      f"{doc['speedup'][k]:.2f} |")
+    if e2e:
+        lines += ["", f"End to end ({env_id}, its preset, {e2e_seconds:g}-s runs, sustained FPS after warm-up, the "
+                  "baseline's defaults against this checkout's learner.torso_precision=auto):", "",
+                  "| variant | FPS per round | median FPS | verdicts |", "|---|---|---|---|"]
+        for k, v in e2e.items():
+            per_round = ", ".join(f"{x['fps']:,.0f}" for x in v)
+            lines.append(f"| {k} | {per_round} | {doc['e2e_median_fps'][k]:,.0f} | "
+                         f"{', '.join(sorted({x['verdict'] for x in v}))} |")
     (out / f"precision-{workload}.md").write_text("\n".join(lines) + "\n")
     _plot(samples, out / f"precision-{workload}.png", workload, stamp["cpu_model"])
     return doc
@@ -112,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", default="pong", help="a workload of rlbalance.bench.trainer (default pong)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--e2e-seconds", type=float, default=0.0, help="also end-to-end training runs of this long "
+                   "(baseline and auto, each round)")
+    p.add_argument("--env-id", default="ALE/Pong-v5", help="the env of the end-to-end runs")
     p.add_argument("--out", type=Path, default=Path("bench/results/precision"))
     a = p.parse_args(argv)
-    doc = run(a.baseline, a.workload, a.rounds, a.seconds, a.out)
+    doc = run(a.baseline, a.workload, a.rounds, a.seconds, a.out, e2e_seconds=a.e2e_seconds, env_id=a.env_id)
     print(json.dumps(doc["speedup"]))
     return 0
 

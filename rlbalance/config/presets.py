@@ -49,8 +49,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 3.71M frames and seed 2 reached +18 at 6.05M (bench/results/pong-epochs4-seed*/). Four passes cost
     # learner time per frame (bench/results/trainer.md), and win back more in frames to score. The torso at
     # learner.torso_precision=auto (bfloat16 where the CPU or GPU computes it natively, rlbalance.agents.precision):
-    # the learner ceiling 1.6-1.8x float32's on a 2-vCPU Xeon with AMX (bench/results/precision/), learning as
-    # float32 does (bench/results/pong-bf16/).
+    # on a 2-vCPU Xeon with AMX the learner ceiling was 2.1x the float32 learner's before this change (median of 4
+    # alternating rounds), end to end 1.26x (learner-bound, the actors and inference share the 2 cores):
+    # bench/results/precision/, bench/results/precision-e2e/. Learning against float32 at the same seed:
+    # bench/results/pong-bf16/.
     "atari": {
         "env": {"backend": "envpool", "sticky_actions": 0.0, "noop_max": 30, "episodic_life": False},
         "actors": {"num_actors": 2, "envs_per_actor": 16, "env_groups": 1, "buffers_per_actor": 2},
