@@ -30,7 +30,8 @@ EXIT_REFUSED = 2      # bad input, refused before any process started or anythin
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: a started run wrote its final checkpoint, summary and report
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, dict, dict]:
+    """The command line: the top-level parser, each subcommand's parser and module by name."""
     from rlbalance import __version__
 
     parser = argparse.ArgumentParser(
@@ -48,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         p.usage = " ".join(["%(prog)s", *positionals, "[OPTIONS]"])  # (argparse's own lists every option)
         modules[name] = mod
         parsers[name] = p
+    return parser, parsers, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, parsers, modules = build_parser()
     try:  # shell completion where argcomplete is installed: eval "$(register-python-argcomplete rlbalance)"
         import argcomplete
     except ImportError:

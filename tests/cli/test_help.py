@@ -58,3 +58,26 @@ def test_list_values_parse_in_every_form_the_help_shows(text, want):
 def test_resume_of_a_missing_directory_says_so(capsys, tmp_path):
     assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
     assert f"run directory {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
+
+
+def test_every_help_example_parses_as_written():
+    """The examples in each command's help (and the config fields' 'e.g.' lists) parse: no unknown option, no
+    refused value."""
+    import shlex
+
+    from rlbalance.cli import build_parser
+    from rlbalance.cli.options import cli_overrides, normalize_option
+
+    parser, parsers, modules = build_parser()
+    seen = 0
+    for name, mod in modules.items():
+        for line in (mod.__doc__ or "").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line.startswith(f"rlbalance {name}"):
+                continue
+            args, unknown = parser.parse_known_args([normalize_option(a) for a in shlex.split(line)[1:]])
+            assert not unknown, (line, unknown)
+            if hasattr(args, "set") and name in ("train", "profile", "sweep", "calibrate"):
+                C.merge(cli_overrides(args))  # --set items are well formed
+            seen += 1
+    assert seen >= 20
