@@ -4,6 +4,8 @@
   rlbalance bench trainer --workloads cartpole --actors 1,2 --steps 300000
   rlbalance bench pong-curve                   # Pong with the Atari preset, 10M frames: curve, milestones, policy
   rlbalance bench pong-curve --from-run RUN    # the same files from a run made with rlbalance train
+  rlbalance bench atari                        # Pong, Breakout, BeamRider, SpaceInvaders, Qbert: 10M frames each
+  rlbalance bench atari --games Breakout --frames 10000000 --seed 2   # one game; a rerun resumes it
   rlbalance bench mujoco-curve                 # HalfCheetah-v5 with the continuous preset, 1M steps: the curve
   rlbalance bench telemetry-overhead           # FPS with telemetry on against off, alternating runs
   rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
@@ -24,7 +26,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=["trainer", "pong-curve", "mujoco-curve", "telemetry-overhead", "sweep", "soak",
+    p.add_argument("name", choices=["trainer", "pong-curve", "atari", "mujoco-curve", "telemetry-overhead", "sweep", "soak",
                                          "chaos", "planner", "ray", "seeds", "memory"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
@@ -40,7 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 500k CartPole, 25k Pong, 60k HalfCheetah); seeds: env steps per run (default 500k)")
     p.add_argument("--seconds", type=float, default=0.0, help="trainer: seconds per ceiling measurement (default 5); "
                    "planner: seconds per sweep run (default 30)")
-    p.add_argument("--frames", type=int, default=10_000_000, help="pong-curve: frames to train")
+    p.add_argument("--frames", type=int, default=10_000_000, help="pong-curve, atari: frames to train (per game)")
+    p.add_argument("--games", default="", help="atari: comma-separated ALE game names (default Pong,Breakout,"
+                   "BeamRider,SpaceInvaders,Qbert); each trains in OUT/atari/runs/GAME-seedN, resumed by a rerun")
+    p.add_argument("--table-only", action="store_true", help="atari: rewrite the table and figure from the curves "
+                   "in OUT/atari, training nothing")
     p.add_argument("--seed", type=int, default=1, help="pong-curve, mujoco-curve, chaos: run.seed (chaos: and the fault schedule)")
     p.add_argument("--fault-every", type=float, default=0.0, help="chaos: mean seconds between injected faults "
                    "(default: a 90th of the run)")
@@ -139,6 +145,14 @@ def run(args: argparse.Namespace) -> int:
             print(write_curve(Path(args.from_run), out, milestones=(), stem="curve"))
         else:
             print(run_mujoco_curve(args.steps or 1_000_000, args.seed, out, extra=C.parse_set(args.set) or None))
+        return 0
+    if args.name == "atari":
+        from rlbalance.bench.atari import GAMES, run_games, write_table
+
+        games = tuple(g for g in args.games.split(",") if g) or GAMES
+        doc = write_table(out / "atari", games) if args.table_only else run_games(games, args.frames, args.seed,
+                                                                                    out / "atari")
+        print(f"wrote {out / 'atari' / 'atari.md'} ({len(doc['games'])} games)")
         return 0
     if args.name == "pong-curve":
         from rlbalance.bench.pong_curve import run_curve, write_curve

@@ -1,0 +1,149 @@
+"""Atari games with the Atari preset, each for N frames (10M by default), against published figures at the same
+frame count: one run directory per game and seed, resumed where an earlier invocation left it, its curve files, and
+one table and figure over the games.
+
+  rlbalance bench atari                                           # the five games, 10M frames, seed 1
+  rlbalance bench atari --games Breakout,Qbert --frames 10000000 --seed 2
+  rlbalance bench atari --table-only                              # rewrite the table from the curves there
+
+Long runs: start them from a git worktree at a fixed commit (``git worktree add ../runs-wt <commit>``) so that
+edits to the checkout never touch a running job; an interrupted invocation (Ctrl-C, SIGTERM) keeps each run's last
+checkpoint, and the next invocation with the same --out resumes it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+GAMES = ("Pong", "Breakout", "BeamRider", "SpaceInvaders", "Qbert")
+
+# Mean episode return at 10M frames (2.5M agent steps at frameskip 4) in published runs, read off their curves or
+# logs (issue 29 lists them): (value, who). No per-game tuning anywhere: the same preset for every game.
+ANCHORS: dict[str, list[tuple[float, str]]] = {
+    "Pong": [(16.5, "CleanRL PPO")],
+    "Breakout": [(60.0, "CleanRL PPO"), (72.0, "RLlib IMPALA, 32 workers"), (50.0, "CleanRL PQN")],
+    "BeamRider": [(700.0, "CleanRL PPO"), (570.0, "RLlib IMPALA"), (2000.0, "CleanRL PQN")],
+    "SpaceInvaders": [(400.0, "RLlib IMPALA"), (550.0, "CleanRL PQN")],
+    "Qbert": [(850.0, "RLlib IMPALA")],
+}
+
+
+def env_id(game: str) -> str:
+    return f"ALE/{game}-v5"
+
+
+def game_config(game: str, frames: int, seed: int, runs: Path):
+    from rlbalance import config as C
+
+    cfg = C.build({"env": {"id": env_id(game)}, "run": {"seed": seed, "out_dir": str(runs)},
+                   "telemetry": {"progress": True, "tensorboard": True, "log_interval_s": 10.0}})
+    return replace(cfg, run=replace(cfg.run, total_steps=frames // cfg.env.frameskip, name=f"{game}-seed{seed}",
+                                    checkpoint_interval_s=300.0))
+
+
+def train_game(game: str, frames: int, seed: int, out: Path, progress=print) -> Path:
+    """The game's run directory under ``out``/runs, trained to ``frames`` (a new run, or the unfinished one
+    resumed; a finished one is left as it is)."""
+    from rlbalance.runtime.train import train
+
+    cfg = game_config(game, frames, seed, out / "runs")
+    run = Path(cfg.run.out_dir) / cfg.run.name
+    summary = run / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("outcome") == "completed" and \
+            json.loads(summary.read_text()).get("steps", 0) >= cfg.run.total_steps:
+        progress(f"[{game}] already trained to {frames:,} frames: {run}")
+        return run
+    if (run / "config.json").is_file():
+        progress(f"[{game}] resuming {run}")
+        from rlbalance import config as C
+        from rlbalance.runtime.rundir import RunDir
+
+        base = RunDir(run).read_config().to_dict()
+        train(C.build(C.merge(base, {"run": {"total_steps": cfg.run.total_steps}})), resume=run)
+    else:
+        progress(f"[{game}] training {frames:,} frames, seed {seed}: {run}")
+        train(cfg)
+    return run
+
+
+def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
+    """atari.json, atari.md and atari.png from the games' curve files in ``out``/GAME/curve.json."""
+    from rlbalance.core.jsonio import atomic_write_json
+
+    rows = []
+    for game in games:
+        path = out / game / "curve.json"
+        if not path.is_file():
+            continue
+        r = json.loads(path.read_text())
+        anchors = ANCHORS.get(game, [])
+        best = max(anchors, default=None)
+        final = r["final_return_last100"]
+        rows.append({"game": game, "seed": r["seed"], "frames": r["frames"], "final_return_last100": final,
+                     "best_return_last100": r["best_return_last100"], "wall_minutes": r["wall_minutes"],
+                     "fps_median": r["fps_median"], "outcome": r["outcome"],
+                     "anchors": [{"value": v, "source": s} for v, s in anchors],
+                     "best_anchor": {"value": best[0], "source": best[1]} if best else None,
+                     "at_or_above_best": (final is not None and best is not None and final >= best[0])})
+    doc = {"benchmark": "atari", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "games": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "atari.json", doc)
+    lines = ["# Atari with the Atari preset against published figures at the same frames", "",
+             "Mean return of the last 100 games (sticky actions off, as the preset has them). Anchors: published "
+             "runs at 10M frames (rlbalance/bench/atari.py names them).", "",
+             "| game | seed | frames | final last-100 | best last-100 | anchors at 10M frames | at or above the best |"
+             " wall time (min) | median FPS |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        anchors = "; ".join(f"{a['value']:g} ({a['source']})" for a in r["anchors"]) or "-"
+        mark = "yes" if r["at_or_above_best"] else "no"
+        lines.append(f"| {r['game']} | {r['seed']} | {r['frames'] / 1e6:.2f}M | {_f(r['final_return_last100'])} | "
+                     f"{_f(r['best_return_last100'])} | {anchors} | {mark} | {r['wall_minutes']:.0f} | "
+                     f"{_f(r['fps_median'], 0)} |")
+    (out / "atari.md").write_text("\n".join(lines) + "\n")
+    if rows:
+        _plot(out, rows)
+    return doc
+
+
+def _f(x, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def _plot(out: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.4 * len(rows), 3.2), squeeze=False)
+    for ax, r in zip(axes[0], rows):
+        curve = json.loads((out / r["game"] / "curve.json").read_text())["curve"]
+        pts = [(c["frames"] / 1e6, c["return"]) for c in curve if c["return"] is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="C0", label="rlbalance")
+        for i, a in enumerate(r["anchors"]):
+            ax.axhline(a["value"], color=f"C{i + 1}", ls="--", lw=0.9, label=a["source"])
+        ax.set_title(f"{r['game']} (seed {r['seed']})", fontsize=9)
+        ax.set_xlabel("frames (millions)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("mean return, last 100 games", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "atari.png", dpi=110)
+    plt.close(fig)
+
+
+def run_games(games: tuple[str, ...], frames: int, seed: int, out: Path, progress=print) -> dict:
+    from rlbalance.bench.pong_curve import MILESTONES, write_curve
+
+    for game in games:
+        if game not in ANCHORS:
+            from rlbalance.core.errors import ConfigError
+
+            raise ConfigError(f"--games: {game!r} has no published anchor here; one of {list(ANCHORS)}")
+    for game in games:
+        run = train_game(game, frames, seed, out, progress)
+        write_curve(run, out / game, milestones=MILESTONES if game == "Pong" else (), stem="curve")
+    return write_table(out, games)
