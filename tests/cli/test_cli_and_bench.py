@@ -172,7 +172,7 @@ def test_pong_curve_files_from_a_run(cfg_factory, tmp_path):
     plot_seeds([out / "pong-curve.json", out / "pong-curve.json"], tmp_path / "seeds.png")
     assert (tmp_path / "seeds.png").stat().st_size > 0
     assert r["outcome"] == "completed"
-    assert cli_main(["eval", str(out / "policy"), "--episodes", "2", "--envs", "2"]) == 0
+    assert cli_main(["eval", str(out / "policy"), "--episodes", "2", "--envs", "2", "--out", str(tmp_path / "ev")]) == 0
 
 
 def test_version(capsys):
