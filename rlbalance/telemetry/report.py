@@ -166,10 +166,13 @@ def _plots(d: dict) -> list[tuple[str, str]]:
         ax.set_xlabel("share of the role's wall time after warm-up (%)")
         ax.xaxis.set_major_formatter(PercentFormatter(1.0))
         gpu = _has_gpu(d)
-        ax.legend(list(seen.values()), [stage_words(k, gpu) for k in seen], fontsize=7, ncol=3,
-                  loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(shares) < 3 else -0.2), frameon=False)
+        rows = -(-len(seen) // 3)  # the legend below the plot, in rows of three, with room kept for it
+        height = 1.6 + 0.7 * len(shares) + 0.22 * rows
+        fig.set_size_inches(7.5, height)
+        fig.legend(list(seen.values()), [stage_words(k, gpu) for k in seen], fontsize=7, ncol=3,
+                   loc="lower center", frameon=False)
         ax.set_title("Stage breakdown per role")
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, (0.22 * rows + 0.1) / height, 1, 1))
         plots.append(("Stage breakdown", _png(fig)))
 
     tl = d["telemetry"].get("hardware_timeline", [])[1:]  # the first sample has no interval behind it
