@@ -15,24 +15,13 @@ and pay the casts. Measured on a Nature CNN learner step, bench/results/precisio
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import torch
 
+from rlbalance.core.cpuinfo import cpu_flags
+
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 IMAGE_LAYOUT = "channels_last"  # rlbalance.agents.nets.scaled_input: faster for oneDNN and cuDNN convolutions alike
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo; empty where it cannot be read)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 @functools.lru_cache(maxsize=8)

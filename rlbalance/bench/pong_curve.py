@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlbalance.bench.trainer import workload_config
+from rlbalance.telemetry.metrics import with_gaps
 
 MILESTONES = (-15.0, 18.0)
 
@@ -64,17 +65,12 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
 
     recs = _records(run)
     cfg = json.loads((run / "config.json").read_text())
-    # Wall time: time_s restarts at 0 when a run is resumed; count each session from where the last ended.
-    wall, offset, last = [], 0.0, 0.0
-    for r in recs:
-        if r["time_s"] < last:
-            offset += last
-        last = r["time_s"]
-        wall.append(offset + r["time_s"])
-    rows = [{"frames": r["frames"], "wall_s": w, "return": _finite(r.get("episode_return")),
+    # Wall time counted on across resumed sessions (each session's time_s starts at 0), as the report counts it.
+    recs = [r for r in with_gaps(recs) if not r.get("gap")]
+    rows = [{"frames": r["frames"], "wall_s": r["time_s"], "return": _finite(r.get("episode_return")),
              "entropy": _finite(r.get("loss/entropy")), "policy_lag": _finite(r.get("policy_lag")),
              "q_mean": _finite(r.get("loss/q_mean")), "td_abs": _finite(r.get("loss/td_abs")),
-             "fps": _finite(r.get("fps"))} for r, w in zip(recs, wall)]
+             "fps": _finite(r.get("fps"))} for r in recs]
     crossed = {}
     for m in milestones:
         hit = next((row for row in rows if row["return"] is not None and row["return"] >= m), None)
@@ -85,7 +81,7 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
     result = {
         "env": cfg["env"]["id"], "preset": cfg["run"].get("preset"), "seed": cfg["run"]["seed"],
         "agent": cfg["learner"].get("agent", "vtrace"),
-        "frames": rows[-1]["frames"] if rows else 0, "wall_minutes": round(wall[-1] / 60, 1) if wall else 0.0,
+        "frames": rows[-1]["frames"] if rows else 0, "wall_minutes": round(rows[-1]["wall_s"] / 60, 1) if rows else 0.0,
         "final_return_last100": with_return[-1]["return"] if with_return else None,
         "best_return_last100": max((row["return"] for row in with_return), default=None),
         "milestones": crossed, "fps_median": sorted(fps)[len(fps) // 2] if fps else None,

@@ -59,14 +59,19 @@ def refuse_train_in_spawned_child() -> None:
         os._exit(UNGUARDED_MAIN_EXIT)
 
 
+def unguarded_main_error(process: str) -> UnguardedMainError:
+    """The error for a spawned ``process`` that exited with UNGUARDED_MAIN_EXIT."""
+    import __main__
+
+    script = getattr(__main__, "__file__", None) or "your script"
+    return UnguardedMainError(
+        f"rlbalance.train() was called again in {process} as it imported {script}: put the call under "
+        "`if __name__ == \"__main__\":` (rlbalance's processes are spawned, and each imports the main script first)")
+
+
 def _start_failure(i: int, exitcode: int | None, text: str | None) -> ActorStartFailure | None:
     if exitcode == UNGUARDED_MAIN_EXIT:
-        import __main__
-
-        script = getattr(__main__, "__file__", None) or "your script"
-        return UnguardedMainError(
-            f"rlbalance.train() was called again in actor process {i} as it imported {script}: put the call under "
-            "`if __name__ == \"__main__\":` (actor processes are spawned, and each imports the main script first)")
+        return unguarded_main_error(f"actor process {i}")
     if exitcode == START_FAILED_EXIT and text:
         last = text.rstrip().splitlines()[-1]
         err = ActorStartFailure(f"actor {i} could not start: {last} (its traceback above); restarting it would fail "

@@ -25,6 +25,7 @@ import torch.distributed as tdist
 from rlbalance.config import Config
 from rlbalance.core import distributed
 from rlbalance.core.timing import StageTimer
+from rlbalance.runtime.actor_pool import UNGUARDED_MAIN_EXIT, unguarded_main_error
 from rlbalance.envs.batch import EnvSpec
 
 REPORT_EVERY_S = 1.0
@@ -154,15 +155,19 @@ class RankSession:
         return msg
 
 
-def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_rank: int | None = None) -> None:
+def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_rank: int | None = None,
+              started=None) -> None:
     """Learner rank ``rank`` >= 1: join the group, build the same learner (rank 0's weights, counters and optimizer
-    state), run its share of the actors until the ranks agree to stop."""
+    state), run its share of the actors until the ranks agree to stop. ``started``: an Event set once this process
+    is past its start-up (a spawned process imports the main script first), for rank 0 to wait on."""
     import gc
     import signal
     import threading
 
     from rlbalance.agents import registry
 
+    if started is not None:
+        started.set()
     # Ctrl-C reaches every process of the terminal: rank 0 alone decides, and the ranks stop at the update it
     # names (as actors ignore it too).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -201,8 +206,10 @@ class Ranks:
         self.cfg, self.world, self.launched = cfg, cfg.learner.devices, launched
         self.ctx = mp.get_context("spawn")
         self.port = None if launched else distributed.free_port()
+        self.started = [] if launched else [self.ctx.Event() for _ in range(1, self.world)]
         self.procs = [] if launched else [
-            self.ctx.Process(target=rank_main, name=f"rlbalance-learner-rank{r}", args=(r, cfg, spec, self.port))
+            self.ctx.Process(target=rank_main, name=f"rlbalance-learner-rank{r}",
+                             args=(r, cfg, spec, self.port, None, self.started[r - 1]))
             for r in range(1, self.world)]
         self.last_report = time.perf_counter()
         self.interrupted = False  # Ctrl-C or SIGTERM on rank 0: every rank stops at the next update
@@ -210,8 +217,25 @@ class Ranks:
     def start(self) -> None:
         for p in self.procs:
             p.start()
+        self._await_start(collective_timeout_s(self.cfg))
         distributed.init(0, self.world, device_of(self.cfg, 0), port=self.port,
                          timeout_s=collective_timeout_s(self.cfg))
+
+    def _await_start(self, timeout_s: float) -> None:
+        """Wait until every rank process is past its start-up, so that one that died there (a script calling
+        train() without the __main__ guard, an import that fails) stops the run with its cause at once instead of
+        leaving rank 0 waiting for it to join the group until the collective timeout."""
+        deadline = time.perf_counter() + timeout_s
+        while not all(e.is_set() for e in self.started):
+            for r, (p, e) in enumerate(zip(self.procs, self.started), start=1):
+                if not e.is_set() and p.exitcode is not None:
+                    if p.exitcode == UNGUARDED_MAIN_EXIT:
+                        raise unguarded_main_error(f"learner rank {r}'s process")
+                    raise RankDiedError(f"learner rank {r} stopped as it started (exit code {p.exitcode}; its "
+                                        "error is printed above)")
+            if time.perf_counter() > deadline:
+                raise RankDiedError(f"learner ranks did not start within {timeout_s:g} s")
+            time.sleep(0.05)
 
     def done(self, session, local: bool) -> bool:
         """Rank 0's side of the per-update agreement: stop when rank 0 or any rank says so; every second (and at

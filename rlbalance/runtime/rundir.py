@@ -16,6 +16,7 @@ import torch
 
 from rlbalance.config import Config, from_dict
 from rlbalance.config.schema import RESOLVED
+from rlbalance.core.cpuinfo import cpu_model
 from rlbalance.core.errors import ConfigError, DiskWriteError
 from rlbalance.core.jsonio import atomic_write_bytes, atomic_write_json
 
@@ -23,13 +24,7 @@ CHECKPOINT_FORMAT = "rlbalance-checkpoint-v1"
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpu_model() or platform.processor() or "unknown"
 
 
 def _git_commit() -> str:

@@ -46,7 +46,12 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         rank_main(rank, cfg, spec, None, local_rank)
         return {"outcome": "completed", "rank": rank}
     run, state = _open_run(cfg, resume, spec, model, resolved_choices(cfg, spec, device))
-    ranks = _start_ranks(cfg, spec, launched, run)
+    try:
+        ranks = _start_ranks(cfg, spec, launched, run)
+    except UnguardedMainError as e:  # (a learner rank's process, as train() refuses it in actor processes)
+        if resume is None:
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise SystemExit(f"rlbalance: {e}") from None
     learner, session = _start_session(cfg, run, state, spec, model, device, ranks)
     outcome = "completed"
     restore = _sigterm_as_interrupt()

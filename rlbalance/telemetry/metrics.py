@@ -170,3 +170,23 @@ def _wandb_run(run_path: Path, mode: str, project: str, config: dict):
     rid = "".join(c if c.isalnum() or c in "-_" else "-" for c in rid)
     return wandb.init(project=project, name=run_path.name, id=rid, resume="allow", mode=mode, dir=str(run_path),
                       config=config)
+
+
+def with_gaps(m: list[dict]) -> list[dict]:
+    """The records of every session of a run, wall time counted on from one session to the next (each session's
+    time_s starts at 0), with an empty record between sessions so that plots leave a gap where the run was
+    stopped instead of drawing a line back. A record whose time_s goes back also starts a session (records
+    written before they carried their session's number)."""
+    out: list[dict] = []
+    offset = last = raw = 0.0
+    session = m[0].get("session", 0) if m else 0
+    for r in m:
+        if r.get("session", 0) != session or r["time_s"] < raw:
+            session, offset = r.get("session", 0), last
+            out.append({"gap": True, "time_s": last, "steps": r["steps"], "frames": r.get("frames", r["steps"]),
+                        "fps": float("nan")})
+        raw = r["time_s"]
+        rec = {**r, "time_s": raw + offset}
+        last = rec["time_s"]
+        out.append(rec)
+    return out

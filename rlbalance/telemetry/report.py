@@ -9,6 +9,7 @@ import io
 import json
 from pathlib import Path
 
+from rlbalance.telemetry.metrics import with_gaps
 from rlbalance.telemetry.verdict import VERDICTS, advise
 
 
@@ -68,24 +69,6 @@ def _has_gpu(d: dict) -> bool:
     return bool(d["meta"].get("hardware", {}).get("gpus")) or str(d["summary"].get("device", "")).startswith("cuda")
 
 
-def _with_gaps(m: list[dict]) -> list[dict]:
-    """The records of every session of a run, wall time counted on from one session to the next (each session's
-    time_s starts at 0), with an empty record between sessions so that plots leave a gap where the run was
-    stopped instead of drawing a line back."""
-    out: list[dict] = []
-    offset = last = 0.0
-    session = m[0].get("session", 0) if m else 0
-    for r in m:
-        if r.get("session", 0) != session:
-            session, offset = r.get("session", 0), last
-            out.append({"gap": True, "time_s": last, "steps": r["steps"], "frames": r.get("frames", r["steps"]),
-                        "fps": float("nan")})
-        rec = {**r, "time_s": r["time_s"] + offset}
-        last = rec["time_s"]
-        out.append(rec)
-    return out
-
-
 def _learning_figure(m: list[dict], frames: list[float], plt):
     """Return against frames and wall time, then losses, entropy, policy lag, gradient norm and learning
     rate against frames: what a researcher reads first."""
@@ -118,7 +101,7 @@ def _plots(d: dict) -> list[tuple[str, str]]:
     from matplotlib.ticker import PercentFormatter
 
     plots = []
-    m = _with_gaps(d["metrics"])
+    m = with_gaps(d["metrics"])
     fpstep = max(1, int(d["summary"].get("frames", 0) / d["summary"]["steps"])) if d["summary"].get("steps") else 1
     frames = [r.get("frames", r["steps"] * fpstep) for r in m]
     fig, ax = plt.subplots(figsize=(7, 3.2))

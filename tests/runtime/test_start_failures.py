@@ -67,3 +67,20 @@ def test_readme_python_example_without_the_guard_stops_in_one_line(tmp_path):
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and "__main__" in err[0], out.stderr[-3000:]
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_learner_ranks_of_a_script_without_the_guard_stop_it_in_one_line(tmp_path):
+    # learner.devices=2: rank 1 is spawned before any actor, and dies importing the script; rank 0 names the cause at
+    # once instead of waiting for rank 1 to join the process group
+    code = textwrap.dedent("""
+        from rlbalance import config, train
+
+        cfg = config.build({"env": {"id": "CartPole-v1"}, "learner": {"devices": 2},
+                            "run": {"out_dir": "runs", "total_steps": 2000}, "telemetry": {"progress": False}})
+        train(cfg)
+    """)
+    out = _run_script(tmp_path, code)
+    assert out.returncode != 0
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1 and "learner rank 1" in err[0] and "__main__" in err[0], out.stderr[-3000:]
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())

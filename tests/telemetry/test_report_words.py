@@ -5,7 +5,8 @@ import csv
 import json
 
 from rlbalance.telemetry import metrics as M
-from rlbalance.telemetry.report import _with_gaps, stage_words, write_csv
+from rlbalance.telemetry.metrics import with_gaps
+from rlbalance.telemetry.report import stage_words, write_csv
 
 
 def test_stage_names_are_words_and_no_device_copy_without_a_gpu():
@@ -17,10 +18,13 @@ def test_stage_names_are_words_and_no_device_copy_without_a_gpu():
 def test_a_resumed_run_leaves_a_gap_and_counts_wall_time_on():
     m = [{"session": 0, "time_s": t, "steps": 100 * t, "fps": 10.0} for t in (1, 2, 3)]
     m += [{"session": 1, "time_s": t, "steps": 300 + 100 * t, "fps": 10.0} for t in (1, 2)]
-    out = _with_gaps(m)
+    out = with_gaps(m)
     assert [r.get("gap", False) for r in out] == [False, False, False, True, False, False]
     assert [r["time_s"] for r in out if not r.get("gap")] == [1, 2, 3, 4, 5]  # no line back to zero
     assert out[3]["fps"] != out[3]["fps"]  # NaN: nothing is drawn across the stop
+    # records written before they carried a session number: a clock that goes back starts a session too
+    old = [{k: v for k, v in r.items() if k != "session"} for r in m]
+    assert [r["time_s"] for r in with_gaps(old) if not r.get("gap")] == [1, 2, 3, 4, 5]
 
 
 def test_hardware_csv_has_no_gpu_columns_without_a_gpu(tmp_path):
