@@ -140,6 +140,25 @@ def make_adam(params, lr: float, eps: float, device: torch.device) -> torch.opti
     return torch.optim.Adam(list(params), lr=lr, eps=eps, fused=device.type in ("cpu", "cuda"))
 
 
+def clear_grads(params: list[torch.Tensor]) -> None:
+    """``optimizer.zero_grad(set_to_none=True)`` for a parameter list, without the optimizer's per-call wrapping
+    (~0.1 ms a step: a tenth of a small MLP's whole optimizer step on a CPU)."""
+    for p in params:
+        p.grad = None
+
+
+def clip_grads(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for a parameter list of one device and dtype (a learner's): the global
+    2-norm of the gradients (returned, before clipping) and the gradients scaled to at most ``max_norm``, in three
+    multi-tensor ops, without the per-call grouping of tensors by device (~40% of its cost for a small MLP)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
+
+
 def load_optimizer(opt: torch.optim.Optimizer, state: dict) -> None:
     """``opt.load_state_dict(state)``, keeping ``opt``'s own kernel choice: a checkpoint's param groups carry the
     settings of the optimizer that wrote it (``fused`` None in checkpoints from before make_adam), which would

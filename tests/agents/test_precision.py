@@ -1,4 +1,5 @@
-"""learner.torso_precision=auto's per-machine rule, the learner's once-per-batch image preparation, fused Adam."""
+"""learner.torso_precision=auto's per-machine rule, the learner's once-per-batch image preparation, fused Adam, the
+gradient clip without torch's per-call grouping."""
 
 import copy
 
@@ -7,7 +8,8 @@ import torch
 
 from rlbalance import config as C
 from rlbalance.agents import precision, registry
-from rlbalance.agents.nets import load_optimizer, make_adam, prepared_frames, scaled_input, select_columns
+from rlbalance.agents.nets import (clear_grads, clip_grads, load_optimizer, make_adam, prepared_frames, scaled_input,
+                                   select_columns)
 from rlbalance.envs.batch import probe_spec
 
 
@@ -116,3 +118,21 @@ def test_fused_adam_takes_the_plain_adam_step_and_its_checkpoint():
     fused.step()
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.allclose(p, q, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [0.01, 3.0])  # under the bound (left as is) and over it (scaled down)
+def test_clip_grads_is_torchs_clip(scale):
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(7)), torch.nn.Parameter(torch.ones(2))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for ps in (ours, theirs):
+        (scale * sum((p[:4] ** 2).sum() for p in ps[:2])).backward()  # the third has no gradient
+    want = torch.nn.utils.clip_grad_norm_(theirs, 0.5)
+    got = clip_grads(ours, 0.5)
+    assert torch.allclose(got, want)
+    assert ours[2].grad is None
+    assert all(torch.allclose(a.grad, b.grad) for a, b in zip(ours[:2], theirs[:2]))
+    after = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in ours[:2]]))
+    assert torch.isclose(after, torch.clamp(want, max=0.5), rtol=1e-4)  # scaled down to the bound only when over it
+    clear_grads(ours)
+    assert all(p.grad is None for p in ours)

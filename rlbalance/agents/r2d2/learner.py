@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlbalance.agents.nets import batch_to, make_adam
+from rlbalance.agents.nets import batch_to, clear_grads, clip_grads, make_adam
 from rlbalance.agents.r2d2.algo import RESCALE_EPS, inverse_rescale, n_step_double_q_targets, sequence_priorities
 from rlbalance.agents.r2d2.net import R2D2Net
 from rlbalance.core.distributed import all_max
@@ -53,7 +53,8 @@ class R2D2Learner:
             self.train_net = DistributedDataParallel(self.net, device_ids=[self.device] if self.device.type == "cuda"
                                                      else None, forward_sync_buffers=False)
         self.target = copy.deepcopy(self.net).requires_grad_(False)  # (after DDP gave every rank rank 0's weights)
-        self.optimizer = make_adam(self.net.parameters(), settings.learning_rate, settings.adam_eps, self.device)
+        self.params = list(self.net.parameters())
+        self.optimizer = make_adam(self.params, settings.learning_rate, settings.adam_eps, self.device)
         self.updates = 0
 
     def train(self, batch: dict[str, torch.Tensor], weights: torch.Tensor | None = None) -> dict:
@@ -97,9 +98,9 @@ class R2D2Learner:
             raise NonFiniteLossError(f"the R2D2 loss is {float(loss)} at update {self.updates}: the learning diverged "
                                      "or the env returned NaN rewards or observations; check the env, then lower "
                                      "learner.learning_rate or learner.max_grad_norm")
-        self.optimizer.zero_grad(set_to_none=True)
+        clear_grads(self.params)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), s.max_grad_norm)
+        grad_norm = clip_grads(self.params, s.max_grad_norm)
         t2 = time.perf_counter()
         with self.step_lock:
             self.optimizer.step()

@@ -8,7 +8,8 @@ import time
 import torch
 
 from rlbalance.agents.base import LearnerBase, learning_rate, shape_rewards
-from rlbalance.agents.nets import batch_to, load_optimizer, make_adam, prepared_frames, select_columns
+from rlbalance.agents.nets import (batch_to, clear_grads, clip_grads, load_optimizer, make_adam, prepared_frames,
+                                   select_columns)
 from rlbalance.agents.vtrace.model import ActorCritic
 from rlbalance.agents.vtrace.vtrace import vtrace
 from rlbalance.config import LearnerConfig
@@ -47,8 +48,8 @@ class Learner(LearnerBase):
 
         self.world = dist.world_size() if distributed else 1
         self.action = model.action  # the action space's distribution (rlbalance.envs.spaces)
-        self.optimizer = make_adam((p for p in self.model.parameters() if p.requires_grad), cfg.learning_rate,
-                                   cfg.adam_eps, device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = make_adam(self.params, cfg.learning_rate, cfg.adam_eps, device)
         self.updates = 0
         self.steps = 0  # environment steps consumed
         self.cuda = device.type == "cuda"
@@ -164,9 +165,9 @@ class Learner(LearnerBase):
                         vs, adv = (torch.empty((mvs.shape[0], n), device=mvs.device) for _ in range(2))
                     vs[:, cols], adv[:, cols] = mvs, madv
                 self._check_finite(total, stats, mb)
-                self.optimizer.zero_grad(set_to_none=True)
+                clear_grads(self.params)
                 total.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                grad_norm = clip_grads(self.params, cfg.max_grad_norm)
                 tb = time.perf_counter()
                 with self.step_lock:
                     self.optimizer.step()
