@@ -51,6 +51,12 @@ def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=prin
             runs.append(run)
             progress(f"[seeds {mode}] seed {seed}: best {run['best']:.0f}, final {run['final']:.0f}, "
                      f"{run['sps']:,.0f} SPS")
+    return write_results(out, runs, modes, steps, extra)
+
+
+def write_results(out: Path, runs: list[dict], modes: list[str], steps: int, extra: dict | None = None) -> dict:
+    """seeds.json, .csv, .md and .png in ``out`` for ``runs`` (each mode's seeds, from run_seeds, or merged from two
+    of its results: ``merge``); returns the summary per mode."""
     summary = {}
     for mode in modes:
         rs = [r for r in runs if r["mode"] == mode]
@@ -72,6 +78,17 @@ def run_seeds(out: Path, seeds: int, steps: int, modes: list[str], progress=prin
     _plot(out / "seeds.png", runs, modes, steps)
     return summary
 
+
+
+def merge(parts: list[Path], out: Path) -> dict:
+    """One result from results of the same config written apart (e.g. ``--modes central`` and ``--modes actor``
+    runs, one after the other): their runs together, summarised and written to ``out``."""
+    docs = [json.loads((p / "seeds.json").read_text()) for p in parts]
+    if len({(d["steps_per_run"], json.dumps(d["overrides"], sort_keys=True)) for d in docs}) != 1:
+        raise ValueError("the results to merge differ in steps per run or overrides")
+    runs = [r for d in docs for r in d["runs"]]
+    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    return write_results(out, runs, modes, docs[0]["steps_per_run"], docs[0]["overrides"] or None)
 
 def _fmt(x) -> str:
     return "-" if x is None else f"{x:,.0f}"

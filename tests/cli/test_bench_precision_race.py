@@ -32,3 +32,23 @@ def test_cartpole_race_records_time_to_target_for_both(tmp_path):
         assert r["steps_to_target"] <= 20_000 + 8 * 128 and r["curve"]
     assert json.loads((tmp_path / "race.json").read_text())["summary"]["rlbalance"]["reached"] == 1
     assert (tmp_path / "race.png").stat().st_size > 0
+
+
+def test_seeds_results_written_apart_merge_into_one(tmp_path):
+    from rlbalance.bench import seeds
+
+    def run(mode, seed, final):
+        curve = [(1000, 20.0), (2000, 420.0), (3000, final)]
+        return {"mode": mode, "seed": seed, "best": max(v for _, v in curve), "final": final, "sps": 100.0,
+                "steps_to_400": 2000, "steps_to_475": 3000 if final >= 475 else None, "curve": curve}
+
+    seeds.write_results(tmp_path / "a", [run("central", 0, 500.0), run("central", 1, 480.0)], ["central"], 3000)
+    seeds.write_results(tmp_path / "b", [run("actor", 0, 450.0)], ["actor"], 3000)
+    summary = seeds.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "both")
+    assert summary["central"]["reached_475"] == 2 and summary["actor"]["reached_475"] == 0
+    doc = json.loads((tmp_path / "both" / "seeds.json").read_text())
+    assert [(r["mode"], r["seed"]) for r in doc["runs"]] == [("central", 0), ("central", 1), ("actor", 0)]
+    assert (tmp_path / "both" / "seeds.png").stat().st_size > 0
+    seeds.write_results(tmp_path / "c", [run("actor", 0, 450.0)], ["actor"], 5000)
+    with pytest.raises(ValueError, match="steps per run"):
+        seeds.merge([tmp_path / "a", tmp_path / "c"], tmp_path / "bad")

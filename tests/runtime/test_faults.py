@@ -84,7 +84,7 @@ def test_kill_9_of_the_whole_run_then_resume(tmp_path):
     s = train(C.build(C.merge(run.read_config().to_dict(), {"run": {"total_steps": target},
                                                               "telemetry": {"progress": False}})),
               resume=run.path)
-    per_update = 16 * 20
+    per_update = run.read_config().learner.batch_size * run.read_config().learner.unroll_length
     assert s["steps"] - before["steps"] == (s["updates"] - before["updates"]) * per_update  # counters exact
     assert s["steps"] >= target
 
