@@ -18,12 +18,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # CartPole and the other gymnasium classic-control tasks: APPO with CleanRL's PPO CartPole settings where they
     # carry over (4 epochs of 4 minibatches per batch, clip 0.2, lambda 0.95, the learning rate decayed linearly)
     # on the default V-trace learner, with batches of 512 steps (16 unrolls of 32) in minibatches of 128 rows as
-    # CleanRL's, and Adam at 1e-3. Justification: bench/results/seeds/ (8 seeds each with central and actor-side
-    # inference, 500k steps: see its README for the result) and bench/results/cartpole-race/ (time to a mean of
-    # 475 against the PPO peer). Before: unrolls of 20 (minibatches of 80 rows, 1.6x the optimizer steps per
-    # env step: the run was learner-bound) at 2.5e-4, which also held 16 of 16 seeds but reached 475 at ~240k
-    # steps against ~130k now; one V-trace pass per batch (the bare defaults, bench/results/seeds-vtrace/) ended
-    # at a median 487 (central) and 310 (actor) after late collapses.
+    # CleanRL's, and Adam at 1e-3. Justification: bench/results/seeds/, 8 seeds each with central and actor-side
+    # inference, 500k steps: all 16 end at a last-100 mean of 500 and reach 475 at a median ~128k steps; and
+    # bench/results/cartpole-race/ (time to 475 against the PPO peer). The preset before it (unrolls of 20, so
+    # minibatches of 80 rows and 1.6x the optimizer steps per env step, in a learner-bound run; Adam 2.5e-4) also
+    # held 16 of 16 but took ~236k steps to 475 (bench/results/seeds-t20-lr2.5e-4/). One V-trace pass per batch
+    # (the bare defaults, bench/results/seeds-vtrace/) ended at a median 487 (central) and 310 (actor) after late
+    # collapses.
     "classic": {"learner": {"epochs": 4, "minibatches": 4, "learning_rate": 1e-3, "unroll_length": 32,
                             "ppo_clip": 0.2, "vtrace_lambda": 0.95}},
     # rlbalance's own small pixel task (rlbalance/Catch-v0, the CI-sized proof that the CNN path learns): the

@@ -60,7 +60,7 @@ def test_cartpole_learns_with_actors_on_two_nodes(cluster, cfg_factory):
     # Held to the standard of the trainer's parallel runner (tests/learning/test_learning.py): its timing makes every
     # run differ, so the 400 bar belongs to the deterministic serial runner; a parallel or Ray run must show
     # the learning shape. (A best-400 assertion here failed once in a clean-clone run: best 371.7; the
-    # default config reaches 475 on 7 of 8 seeds, bench/results/seeds/.)
+    # single-pass defaults of the time reached 475 on 7 of 8 seeds, bench/results/seeds-vtrace/.)
     early = [r for st, r in curve if st <= 5_000] or [curve[0][1]]  # the first few updates: near random play
     late = [r for st, r in curve if st >= 400_000]
     assert max(early) < 100 and statistics.mean(late) > 3 * statistics.mean(early), curve
