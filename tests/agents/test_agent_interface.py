@@ -17,7 +17,8 @@ TOY = "toy_agents:Reinforce"
 
 
 def _toy(cfg_factory, name, **sections):
-    return cfg_factory(**C.merge({"learner": {"agent": TOY, "learning_rate": 1e-3, "batch_size": 8},
+    return cfg_factory(**C.merge({"learner": {"agent": TOY, "learning_rate": 1e-3, "batch_size": 8,
+                                              "unroll_length": 20},
                                   "actors": {"num_actors": 2, "envs_per_actor": 4},
                                   "run": {"total_steps": 6_000, "name": name},
                                   "telemetry": {"tensorboard": False, "report": False}}, sections))
