@@ -52,9 +52,11 @@ def test_config_refuses_an_unknown_precision():
         C.build({"learner": {"torso_precision": "fp16"}})
 
 
-def test_atari_preset_takes_auto():
-    assert C.build({"env": {"id": "ALE/Pong-v5"}}).learner.torso_precision == "auto"
-    assert C.build({"env": {"id": "ALE/Pong-v5"}, "learner": {"agent": "r2d2"}}).learner.torso_precision == "auto"
+def test_atari_preset_stays_at_float32_until_bfloat16_is_shown_to_learn_the_same():
+    # bench/results/pong-bf16/: one seed of bfloat16 took 1.37x the frames of float32 to +18
+    assert C.build({"env": {"id": "ALE/Pong-v5"}}).learner.torso_precision == "fp32"
+    assert C.build({"env": {"id": "ALE/Pong-v5"}, "learner": {"agent": "r2d2"}}).learner.torso_precision == "fp32"
+    assert C.build({"env": {"id": "ALE/Pong-v5"}, "learner": {"torso_precision": "auto"}}).learner.torso_precision == "auto"
 
 
 @pytest.mark.parametrize("prec", ["fp32", "bf16"])
