@@ -1,8 +1,8 @@
 """Evaluate a trained policy: play whole games with a run's checkpoint, no learning, and report the returns.
 
-Each of the K envs plays the same number of games (episodes / K, rounded up), so short games are not
-over-counted the way "the first N games to finish" would. Returns are whole-game returns, unclipped
-(with episodic life, all lives of a game). Actions are sampled from the policy, as in training, or the
+Each of the K envs plays the same number of games (episodes / K, rounded up; K at most the games asked for, so
+``--episodes 3`` plays 3 games, not one per default env), so short games are not over-counted the way "the first
+N games to finish" would. Returns are whole-game returns, unclipped (with episodic life, all lives of a game). Actions are sampled from the policy, as in training, or the
 most likely action with ``greedy`` (an agent with no policy to sample, a Q-network: always its greedy action). Envs are seeded apart from the
 training seeds.
 """
@@ -55,6 +55,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     model.load_state_dict(state["model"])
     model.eval()
     seed = client_seed(cfg, 0) + EVAL_SEED_OFFSET if seed is None else seed
+    num_envs = min(num_envs, episodes)  # no env plays games nobody asked for
     per_env = math.ceil(episodes / num_envs)
     gen = torch.Generator(device=dev).manual_seed(seed)
     envs = EnvBatch(env_cfg, num_envs, seed)

@@ -26,6 +26,8 @@ def test_eval_trained_policy_beats_random_and_is_reproducible(cfg_factory, capsy
     again = evaluate(s["run_dir"], episodes=8, num_envs=4, progress=False)
     assert sampled["returns"] == again["returns"]  # seeded: the same games twice
     assert 50 < sampled["return_mean"] < greedy["return_mean"], (sampled["return_mean"], greedy["return_mean"])
+    few = evaluate(s["run_dir"], episodes=3, progress=False)  # fewer games than the default 8 envs: 3 games
+    assert few["episodes"] == 3 and few["num_envs"] == 3 and few["games_per_env"] == 1
 
 
 def test_eval_without_checkpoint_names_the_fix(tmp_path, capsys):
