@@ -79,7 +79,6 @@ def write_results(out: Path, runs: list[dict], modes: list[str], steps: int, ext
     return summary
 
 
-
 def merge(parts: list[Path], out: Path) -> dict:
     """One result from results of the same config written apart (e.g. ``--modes central`` and ``--modes actor``
     runs, one after the other): their runs together, summarised and written to ``out``."""
@@ -89,6 +88,7 @@ def merge(parts: list[Path], out: Path) -> dict:
     runs = [r for d in docs for r in d["runs"]]
     modes = list(dict.fromkeys(r["mode"] for r in runs))
     return write_results(out, runs, modes, docs[0]["steps_per_run"], docs[0]["overrides"] or None)
+
 
 def _fmt(x) -> str:
     return "-" if x is None else f"{x:,.0f}"

@@ -53,10 +53,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # +19.0, +16.6, -2.5 (bench/results/pong-curve*/); with 4 passes, seeds 1 and 2 passed -15 at 3.47M and
     # 3.71M frames and seed 2 reached +18 at 6.05M (bench/results/pong-epochs4-seed*/). Four passes cost
     # learner time per frame (bench/results/trainer.md), and win back more in frames to score. The torso at
-    # The torso at float32 (learner.torso_precision=fp32). 'auto' (bfloat16 where the CPU or GPU computes it natively,
-    # rlbalance.agents.precision) makes the learner faster: on a 2-vCPU Xeon with AMX its ceiling was 2.1x the float32
-    # learner's before these changes, end to end 1.26x (bench/results/precision/, bench/results/precision-e2e/). But
-    # it did not show that it learns the same: at seed 2 it reached +18 at 8.30M frames against 6.05M for float32
+    # float32 (learner.torso_precision=fp32). 'auto' (bfloat16 where the CPU or GPU computes it natively,
+    # rlbalance.agents.precision) makes the learner faster: on a 2-vCPU Xeon with AMX its ceiling was 2.1x the
+    # float32 learner's before these changes, end to end 1.26x (bench/results/precision/, precision-e2e/). But it
+    # did not show that it learns the same: at seed 2 it reached +18 at 8.30M frames against 6.05M for float32
     # (5.26M at seed 1), which at those speeds is no gain in time to +18 (bench/results/pong-bf16/). One seed each
     # way: the default waits for more.
     "atari": {

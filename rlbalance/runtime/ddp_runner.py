@@ -25,8 +25,8 @@ import torch.distributed as tdist
 from rlbalance.config import Config
 from rlbalance.core import distributed
 from rlbalance.core.timing import StageTimer
-from rlbalance.runtime.actor_pool import UNGUARDED_MAIN_EXIT, unguarded_main_error
 from rlbalance.envs.batch import EnvSpec
+from rlbalance.runtime.actor_pool import UNGUARDED_MAIN_EXIT, unguarded_main_error
 
 REPORT_EVERY_S = 1.0
 

@@ -2,9 +2,9 @@
 
 Each of the K envs plays the same number of games (episodes / K, rounded up; K at most the games asked for, so
 ``--episodes 3`` plays 3 games, not one per default env), so short games are not over-counted the way "the first
-N games to finish" would. Returns are whole-game returns, unclipped (with episodic life, all lives of a game). Actions are sampled from the policy, as in training, or the
-most likely action with ``greedy`` (an agent with no policy to sample, a Q-network: always its greedy action). Envs are seeded apart from the
-training seeds.
+N games to finish" would. Returns are whole-game returns, unclipped (with episodic life, all lives of a game).
+Actions are sampled from the policy, as in training, or the most likely action with ``greedy`` (an agent with no
+policy to sample, a Q-network: always its greedy action). Envs are seeded apart from the training seeds.
 """
 
 from __future__ import annotations

@@ -49,9 +49,8 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
     try:
         ranks = _start_ranks(cfg, spec, launched, run)
     except UnguardedMainError as e:  # (a learner rank's process, as train() refuses it in actor processes)
-        if resume is None:
-            shutil.rmtree(run.path, ignore_errors=True)
-        raise SystemExit(f"rlbalance: {e}") from None
+        _not_started(e, run, resume, trained=False)
+        raise
     learner, session = _start_session(cfg, run, state, spec, model, device, ranks)
     outcome = "completed"
     restore = _sigterm_as_interrupt()
@@ -68,12 +67,19 @@ def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict
         restore()
         session.fail(e)  # summary.json says what stopped training; the last good checkpoint stays as it is
         run.unlock()
-        if isinstance(e, ActorStartFailure) and resume is None and learner.steps == 0:
-            shutil.rmtree(run.path, ignore_errors=True)  # a new run that never started: nothing to keep
-        if isinstance(e, UnguardedMainError):  # one line: the traceback would only point at this call
-            raise SystemExit(f"rlbalance: {e}") from None
+        _not_started(e, run, resume, trained=learner.steps > 0)
         raise
     return _finish(session, run, outcome, restore)
+
+
+def _not_started(e: BaseException, run: RunDir, resume, trained: bool) -> None:
+    """After ``e`` stopped the run: where it is a process that could not start (an actor, a learner rank), a new
+    run that never trained leaves no directory; a script without the __main__ guard ends in one line (SystemExit),
+    since the traceback would only point at its train() call."""
+    if isinstance(e, ActorStartFailure) and resume is None and not trained:
+        shutil.rmtree(run.path, ignore_errors=True)  # a new run that never started: nothing to keep
+    if isinstance(e, UnguardedMainError):
+        raise SystemExit(f"rlbalance: {e}") from None
 
 
 def _prepare(cfg: Config) -> tuple[EnvSpec, torch.nn.Module, torch.device]:

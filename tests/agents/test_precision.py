@@ -56,7 +56,8 @@ def test_atari_preset_stays_at_float32_until_bfloat16_is_shown_to_learn_the_same
     # bench/results/pong-bf16/: one seed of bfloat16 took 1.37x the frames of float32 to +18
     assert C.build({"env": {"id": "ALE/Pong-v5"}}).learner.torso_precision == "fp32"
     assert C.build({"env": {"id": "ALE/Pong-v5"}, "learner": {"agent": "r2d2"}}).learner.torso_precision == "fp32"
-    assert C.build({"env": {"id": "ALE/Pong-v5"}, "learner": {"torso_precision": "auto"}}).learner.torso_precision == "auto"
+    asked = C.build({"env": {"id": "ALE/Pong-v5"}, "learner": {"torso_precision": "auto"}})
+    assert asked.learner.torso_precision == "auto"
 
 
 @pytest.mark.parametrize("prec", ["fp32", "bf16"])
@@ -125,7 +126,7 @@ def test_fused_adam_takes_the_plain_adam_step_and_its_checkpoint():
 @pytest.mark.parametrize("scale", [0.01, 3.0])  # under the bound (left as is) and over it (scaled down)
 def test_clip_grads_is_torchs_clip(scale):
     torch.manual_seed(0)
-    ours = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(7)), torch.nn.Parameter(torch.ones(2))]
+    ours = [torch.nn.Parameter(x) for x in (torch.randn(5, 3), torch.randn(7), torch.ones(2))]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     for ps in (ours, theirs):
         (scale * sum((p[:4] ** 2).sum() for p in ps[:2])).backward()  # the third has no gradient
