@@ -5,6 +5,7 @@ one table and figure over the games.
   rlbalance bench atari                                           # the five games, 10M frames, seed 1
   rlbalance bench atari --games Breakout,Qbert --frames 10000000 --seed 2
   rlbalance bench atari --table-only                              # rewrite the table from the curves there
+  rlbalance bench atari-peer --games Pong                         # the PPO-EnvPool peer on the same machine
 
 Long runs: start them from a git worktree at a fixed commit (``git worktree add ../runs-wt <commit>``) so that
 edits to the checkout never touch a running job; an interrupted invocation (Ctrl-C, SIGTERM) keeps each run's last
@@ -133,6 +134,81 @@ def _plot(out: Path, rows: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(out / "atari.png", dpi=110)
     plt.close(fig)
+
+
+def run_peer(games: tuple[str, ...], frames: int, seed: int, out: Path, progress=print,
+             against: list[Path] | None = None) -> list[dict]:
+    """The CleanRL-style PPO peer (``rlbalance.bench.ppo_envpool.ppo_envpool_atari``) on each game, on this
+    machine: its state in ``out``/runs/GAME-seedN/state.pt (resumed by a rerun; SIGTERM or Ctrl-C saves it and
+    stops), its curve in ``out``/GAME/curve.json, .csv, .png in the format of ours. ``against``: curve files of
+    our runs (pong-curve.json or curve.json) drawn with the peer's on one figure, ``out``/GAME/vs-ours.png."""
+    import signal
+
+    from rlbalance.bench.ppo_envpool import ppo_envpool_atari
+
+    for game in games:
+        if game not in ANCHORS:
+            from rlbalance.core.errors import ConfigError
+
+            raise ConfigError(f"--games: {game!r} has no published anchor here; one of {list(ANCHORS)}")
+    stopping = []
+
+    def _stop(signum, frame):
+        stopping.append(signum)
+
+    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    results = []
+    try:
+        for game in games:
+            state = out / "runs" / f"{game}-seed{seed}" / "state.pt"
+            progress(f"[{game} peer] {frames:,} frames, seed {seed}: {state.parent}")
+            run = ppo_envpool_atari(game, frames, seed, state, progress=progress, stop=lambda: bool(stopping))
+            results.append(write_peer_curve(run, out / game, against=against))
+            if stopping:
+                break
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return results
+
+
+def write_peer_curve(run: dict, out: Path, against: list[Path] | None = None) -> dict:
+    """curve.json, .csv and .png of a peer run (as ``ppo_envpool_atari`` returns it), with the fields of our
+    curve files (so the table and ``plot_seeds`` read both); with ``against``, vs-ours.png too."""
+    from rlbalance.bench.pong_curve import MILESTONES, plot_seeds
+    from rlbalance.core.cpuinfo import cpu_model
+    from rlbalance.core.jsonio import atomic_write_json
+
+    rows = run["curve"]
+    pong = run["game"] == "Pong"
+    crossed = {}
+    for m in (MILESTONES if pong else ()):
+        hit = next((r for r in rows if r["return"] is not None and r["return"] >= m), None)
+        crossed[f"{m:+g}"] = {"frames": hit["frames"], "minutes": round(hit["wall_s"] / 60, 1)} if hit else None
+    with_return = [r["return"] for r in rows if r["return"] is not None]
+    fps = sorted(r["fps"] for r in rows)
+    doc = {"benchmark": "atari-peer", "peer": "CleanRL-style PPO on EnvPool, one process "
+           "(rlbalance/bench/ppo_envpool.py: ppo_envpool_atari)", "env": f"{run['game']}-v5 (EnvPool)",
+           "game": run["game"], "seed": run["seed"], "frames": run["frames"],
+           "wall_minutes": round(run["wall_s"] / 60, 1),
+           "final_return_last100": with_return[-1] if with_return else None,
+           "best_return_last100": max(with_return, default=None), "milestones": crossed,
+           "fps_median": fps[len(fps) // 2] if fps else None, "outcome": run["outcome"], "cpu": cpu_model(),
+           "settings": run["settings"], "curve": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "curve.json", doc)
+    (out / "curve.csv").write_text("frames,wall_s,mean_return_last100,fps\n" + "".join(
+        f"{r['frames']},{r['wall_s']:.1f},{'' if r['return'] is None else round(r['return'], 3)},{r['fps']:.0f}\n"
+        for r in rows))
+    name = f"PPO-EnvPool peer (seed {run['seed']})"
+    plot_seeds([out / "curve.json"], out / "curve.png", names=[name],
+               title=f"{run['game']}: the CleanRL-style PPO peer on EnvPool, this machine")
+    if against:
+        plot_seeds([*against, out / "curve.json"], out / "vs-ours.png",
+                   names=[f"rlbalance ({json.loads(Path(p).read_text()).get('agent', 'vtrace')}, seed "
+                          f"{json.loads(Path(p).read_text())['seed']})" for p in against] + [name],
+                   title=f"{run['game']}: rlbalance against the PPO-EnvPool peer")
+    return {k: v for k, v in doc.items() if k != "curve"}
 
 
 def run_games(games: tuple[str, ...], frames: int, seed: int, out: Path, progress=print) -> dict:

@@ -185,15 +185,20 @@ def plot_seeds(results: list[Path], path: Path, names: list[str] | None = None,
             label = f"{name} (-15 at {low['frames'] / 1e6:.2f}M frames; {pts[-1]['return']:+.1f} at " \
                     f"{pts[-1]['frames'] / 1e6:.1f}M)" if low and low["frames"] <= max_frames else \
                     f"{name} ({pts[-1]['return']:+.1f} at {pts[-1]['frames'] / 1e6:.1f}M)"
-        else:
-            hit = r["milestones"].get("+18")
+        elif "+18" in r["milestones"]:
+            hit = r["milestones"]["+18"]
+            final = r["final_return_last100"]
             label = f"{name} (" + (f"+18 at {hit['frames'] / 1e6:.2f}M frames)" if hit else
-                                   f"+18 not reached; {r['final_return_last100']:+.1f} at the end)")
+                                   f"+18 not reached; {'-' if final is None else f'{final:+.1f}'} at the end)")
+        else:  # a game without milestones: where it ended
+            label = f"{name} ({pts[-1]['return']:,.1f} at {pts[-1]['frames'] / 1e6:.1f}M)" if pts else name
         a.plot([c["frames"] / 1e6 for c in pts], [c["return"] for c in pts], label=label)
         b.plot([c["wall_s"] / 60 for c in pts], [c["return"] for c in pts], label=name)
+    marks = any("+18" in json.loads(Path(p).read_text())["milestones"] for p in results)
     for ax in (a, b):
-        ax.axhline(18, color="gray", ls="--", lw=0.8)
-        ax.axhline(-15, color="gray", ls=":", lw=0.8)
+        if marks:
+            ax.axhline(18, color="gray", ls="--", lw=0.8)
+            ax.axhline(-15, color="gray", ls=":", lw=0.8)
         ax.grid(alpha=0.3)
     a.set_xlabel("env frames (millions)")
     b.set_xlabel("wall time (minutes, this 2-vCPU machine)")

@@ -1,11 +1,15 @@
-"""A CleanRL-style PPO on EnvPool, as the peer baseline for CartPole throughput (measured in the same
-bench run as our trainer). The loop follows CleanRL's ppo.py structure: one process, a batched
-EnvPool env, rollouts of num_steps, GAE, 4 epochs of 4 minibatches, Adam 2.5e-4; only SPS is reported.
+"""CleanRL-style PPO on EnvPool, the peers we measure ourselves against on the same machine.
+
+``ppo_envpool_sps``: CartPole (the baseline for CartPole throughput and time to 475, measured in the same bench
+run as our trainer), after CleanRL's ppo.py: one process, a batched EnvPool env, rollouts of num_steps, GAE,
+4 epochs of 4 minibatches, Adam 2.5e-4. ``ppo_envpool_atari``: Atari with the settings of CleanRL's PPO for
+Atari on EnvPool, resumable, with its curve (``rlbalance bench atari-peer``).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -96,3 +100,177 @@ def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: in
         out.update(target=target, seconds_to_target=hit[0] if hit else None, steps_to_target=hit[1] if hit else None,
                    curve=curve)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Atari peer: CleanRL's PPO for Atari on EnvPool, as its documentation publishes it (8 envs, rollouts of 128
+# steps, Adam 2.5e-4 annealed linearly to 0 over the run, 4 epochs of 4 minibatches, clip 0.1 on the policy and the
+# value, entropy 0.01, value 0.5, grad norm 0.5, GAE lambda 0.95, discount 0.99; EnvPool with episodic life and
+# rewards clipped to [-1, 1], sticky actions off, the Nature CNN on 4 stacked 84x84 frames). One process: the env
+# steps and the learner take turns on all the CPUs. The return reported is the game's (unclipped, over all lives).
+
+ATARI_PEER = {"num_envs": 8, "num_steps": 128, "learning_rate": 2.5e-4, "anneal_lr": True, "epochs": 4,
+              "minibatches": 4, "clip": 0.1, "entropy_cost": 0.01, "value_cost": 0.5, "max_grad_norm": 0.5,
+              "gae_lambda": 0.95, "discount": 0.99, "episodic_life": True, "reward_clip": True}
+
+
+class _NatureNet(nn.Module):
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.torso = nn.Sequential(
+            _conv(4, 32, 8, 4), nn.ReLU(), _conv(32, 64, 4, 2), nn.ReLU(), _conv(64, 64, 3, 1), nn.ReLU(),
+            nn.Flatten(), _layer(64 * 7 * 7, 512), nn.ReLU())
+        self.pi, self.v = _layer(512, n_actions, 0.01), _layer(512, 1, 1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.torso(obs.float() / 255.0)
+        return self.pi(h), self.v(h).squeeze(-1)
+
+
+def _conv(i, o, k, s):
+    c = nn.Conv2d(i, o, k, s)
+    nn.init.orthogonal_(c.weight, np.sqrt(2))
+    nn.init.zeros_(c.bias)
+    return c
+
+
+def game_over(terminated: np.ndarray, truncated: np.ndarray, info: dict) -> np.ndarray:
+    """Where a game (not a life) ended: with episodic life EnvPool's ``terminated`` marks every life lost, and
+    ``info['terminated']`` the game's end."""
+    return np.asarray(info["terminated"], dtype=bool) | np.asarray(truncated, dtype=bool)
+
+
+def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progress=print,
+                      checkpoint_interval_s: float = 300.0, log_interval_s: float = 10.0,
+                      settings: dict | None = None, stop=lambda: False) -> dict:
+    """Train the Atari peer on ``game`` (EnvPool's ``GAME-v5``) to ``frames`` frames, resuming from
+    ``state_path`` where an earlier call left it (same game, seed and frame budget, since the learning rate
+    anneals over it). Returns the run: its curve (``frames``, ``wall_s``: seconds of training summed over
+    sessions, ``return``: mean game return of the last 100 games, ``fps``) every ``log_interval_s``, and
+    ``outcome`` 'completed', or 'interrupted' where ``stop()`` turned true (checked after each rollout; the state
+    is saved then)."""
+    import os
+
+    import envpool
+
+    s = {**ATARI_PEER, **(settings or {})}
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(ncpu)
+    torch.manual_seed(seed)
+    n, t_len = s["num_envs"], s["num_steps"]
+    envs = envpool.make_gymnasium(f"{game}-v5", num_envs=n, seed=seed, num_threads=min(n, ncpu),
+                                  episodic_life=s["episodic_life"], reward_clip=s["reward_clip"],
+                                  repeat_action_probability=0.0)
+    n_act = envs.action_space.n
+    net = _NatureNet(n_act)
+    opt = torch.optim.Adam(net.parameters(), lr=s["learning_rate"], eps=1e-5)
+    per_rollout = n * t_len * 4  # frames: frameskip 4
+    rollouts = max(1, frames // per_rollout)
+    run = {"game": game, "seed": seed, "frames_budget": frames, "frames": 0, "wall_s": 0.0, "returns": [],
+           "curve": [], "settings": s}
+    if state_path.is_file():
+        saved = torch.load(state_path, map_location="cpu", weights_only=False)
+        if (saved["run"]["game"], saved["run"]["seed"], saved["run"]["frames_budget"]) != (game, seed, frames):
+            raise ValueError(f"{state_path} holds the peer on {saved['run']['game']} seed {saved['run']['seed']} "
+                             f"to {saved['run']['frames_budget']:,} frames, not {game} seed {seed} to {frames:,}: "
+                             "give another output folder, or the same game, seed and --frames")
+        net.load_state_dict(saved["net"])
+        opt.load_state_dict(saved["opt"])
+        torch.set_rng_state(saved["torch_rng"])
+        run = saved["run"]
+        progress(f"[{game} peer] resuming at {run['frames']:,} frames")
+
+    def save() -> None:
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = state_path.with_suffix(".tmp")
+        torch.save({"net": net.state_dict(), "opt": opt.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "run": run}, tmp)
+        os.replace(tmp, state_path)
+
+    obs_buf = torch.zeros((t_len, n, 4, 84, 84), dtype=torch.uint8)
+    act_buf = torch.zeros((t_len, n), dtype=torch.long)
+    logp_buf, rew_buf, done_buf, val_buf = (torch.zeros(t_len, n) for _ in range(4))
+    obs = torch.from_numpy(envs.reset()[0])
+    done = torch.zeros(n)
+    game_ret = np.zeros(n)
+    t_session = time.perf_counter()
+    wall0 = run["wall_s"]
+    last_log = last_ckpt = last_progress = t_session
+    frames_at_log, t_at_log = run["frames"], t_session
+    outcome = "completed"
+    while run["frames"] < rollouts * per_rollout:
+        if s["anneal_lr"]:
+            done_frac = run["frames"] / (rollouts * per_rollout)
+            for g in opt.param_groups:
+                g["lr"] = s["learning_rate"] * (1.0 - done_frac)
+        for t in range(t_len):
+            obs_buf[t], done_buf[t] = obs, done
+            with torch.no_grad():
+                logits, v = net(obs)
+                dist = torch.distributions.Categorical(logits=logits)
+                a = dist.sample()
+            act_buf[t], logp_buf[t], val_buf[t] = a, dist.log_prob(a), v
+            o, r, term, trunc, info = envs.step(a.numpy())
+            game_ret += info["reward"]  # the unclipped reward
+            ended = game_over(term, trunc, info)
+            run["returns"] = (run["returns"] + game_ret[ended].tolist())[-100:]
+            game_ret[ended] = 0.0
+            rew_buf[t] = torch.from_numpy(np.asarray(r, dtype=np.float32))
+            obs, done = torch.from_numpy(o), torch.from_numpy((term | trunc).astype(np.float32))
+        run["frames"] += per_rollout
+        _ppo_update(net, opt, s, obs, done, obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf)
+        now = time.perf_counter()
+        run["wall_s"] = wall0 + (now - t_session)
+        if now - last_log >= log_interval_s or run["frames"] >= rollouts * per_rollout:
+            fps = (run["frames"] - frames_at_log) / (now - t_at_log)
+            mean = float(np.mean(run["returns"])) if run["returns"] else None
+            run["curve"].append({"frames": run["frames"], "wall_s": round(run["wall_s"], 2), "return": mean,
+                                 "fps": fps})
+            last_log, frames_at_log, t_at_log = now, run["frames"], now
+        if now - last_progress >= 30.0:
+            mean = run["curve"][-1]["return"] if run["curve"] else None
+            progress(f"[{game} peer] {run['frames'] / 1e6:.2f}M / {frames / 1e6:.1f}M frames, "
+                     f"{run['curve'][-1]['fps'] if run['curve'] else 0:,.0f} FPS, last-100 "
+                     f"{'-' if mean is None else f'{mean:+.1f}'}, {run['wall_s'] / 60:.1f} min")
+            last_progress = now
+        if now - last_ckpt >= checkpoint_interval_s:
+            save()
+            last_ckpt = now
+        if stop():
+            outcome = "interrupted"
+            break
+    save()
+    envs.close()
+    return {**run, "outcome": outcome}
+
+
+def _ppo_update(net, opt, s, obs, done, obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf) -> None:
+    t_len, n = rew_buf.shape
+    with torch.no_grad():
+        next_v = net(obs)[1]
+        adv = torch.zeros_like(rew_buf)
+        last = torch.zeros(n)
+        for t in reversed(range(t_len)):
+            nonterm = 1.0 - (done if t == t_len - 1 else done_buf[t + 1])
+            nv = next_v if t == t_len - 1 else val_buf[t + 1]
+            delta = rew_buf[t] + s["discount"] * nv * nonterm - val_buf[t]
+            last = delta + s["discount"] * s["gae_lambda"] * nonterm * last
+            adv[t] = last
+        ret = adv + val_buf
+    b_obs, b_act, b_logp = obs_buf.flatten(0, 1), act_buf.flatten(), logp_buf.flatten()
+    b_adv, b_ret, b_val = adv.flatten(), ret.flatten(), val_buf.flatten()
+    rows, clip = b_obs.shape[0], s["clip"]
+    for _ in range(s["epochs"]):
+        for mb in torch.randperm(rows).split(rows // s["minibatches"]):
+            logits, v = net(b_obs[mb])
+            dist = torch.distributions.Categorical(logits=logits)
+            ratio = (dist.log_prob(b_act[mb]) - b_logp[mb]).exp()
+            a_mb = (b_adv[mb] - b_adv[mb].mean()) / (b_adv[mb].std() + 1e-8)
+            pg = torch.max(-a_mb * ratio, -a_mb * ratio.clamp(1 - clip, 1 + clip)).mean()
+            v_clipped = b_val[mb] + (v - b_val[mb]).clamp(-clip, clip)
+            v_loss = 0.5 * torch.max((v - b_ret[mb]) ** 2, (v_clipped - b_ret[mb]) ** 2).mean()
+            loss = pg + s["value_cost"] * v_loss - s["entropy_cost"] * dist.entropy().mean()
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(net.parameters(), s["max_grad_norm"])
+            opt.step()

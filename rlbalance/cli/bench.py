@@ -6,6 +6,8 @@
   rlbalance bench pong-curve --from-run RUN    # the same files from a run made with rlbalance train
   rlbalance bench atari                        # Pong, Breakout, BeamRider, SpaceInvaders, Qbert: 10M frames each
   rlbalance bench atari --games Breakout --frames 10000000 --seed 2   # one game; a rerun resumes it
+  rlbalance bench atari-peer --games Pong --against bench/results/pong-curve/pong-curve.json
+                                               # the CleanRL-style PPO peer on EnvPool, same machine, same axes
   rlbalance bench mujoco-curve                 # HalfCheetah-v5 with the continuous preset, 1M steps: the curve
   rlbalance bench telemetry-overhead           # FPS with telemetry on against off, alternating runs
   rlbalance bench sweep                        # actor sweeps on CartPole and Pong, ratio analysis
@@ -26,7 +28,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=["trainer", "pong-curve", "atari", "mujoco-curve", "telemetry-overhead", "sweep", "soak",
+    p.add_argument("name", choices=["trainer", "pong-curve", "atari", "atari-peer", "mujoco-curve", "telemetry-overhead", "sweep", "soak",
                                          "chaos", "planner", "ray", "seeds", "memory"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
@@ -45,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=int, default=10_000_000, help="pong-curve, atari: frames to train (per game)")
     p.add_argument("--games", default="", help="atari: comma-separated ALE game names (default Pong,Breakout,"
                    "BeamRider,SpaceInvaders,Qbert); each trains in OUT/atari/runs/GAME-seedN, resumed by a rerun")
+    p.add_argument("--against", default="", help="atari-peer: comma-separated curve files of our runs "
+                   "(pong-curve.json, curve.json) drawn with the peer's on one figure (OUT/atari-peer/GAME/vs-ours.png)")
     p.add_argument("--table-only", action="store_true", help="atari: rewrite the table and figure from the curves "
                    "in OUT/atari, training nothing")
     p.add_argument("--seed", type=int, default=1, help="pong-curve, mujoco-curve, chaos: run.seed (chaos: and the fault schedule)")
@@ -153,6 +157,18 @@ def run(args: argparse.Namespace) -> int:
         doc = write_table(out / "atari", games) if args.table_only else run_games(games, args.frames, args.seed,
                                                                                     out / "atari")
         print(f"wrote {out / 'atari' / 'atari.md'} ({len(doc['games'])} games)")
+        return 0
+    if args.name == "atari-peer":
+        from rlbalance.bench.atari import run_peer
+
+        against = [Path(a) for a in args.against.split(",") if a]
+        missing = [str(a) for a in against if not a.is_file()]
+        if missing:
+            raise C.ConfigError(f"--against: no such curve file: {', '.join(missing)}")
+        games = tuple(g for g in args.games.split(",") if g) or ("Pong",)
+        for r in run_peer(games, args.frames, args.seed, out / "atari-peer", against=against):
+            print(f"[{r['game']} peer] {r['outcome']} at {r['frames']:,} frames, last-100 "
+                  f"{r['final_return_last100']}, {r['wall_minutes']} min: {out / 'atari-peer' / r['game']}")
         return 0
     if args.name == "pong-curve":
         from rlbalance.bench.pong_curve import run_curve, write_curve

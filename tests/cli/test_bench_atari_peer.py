@@ -1,0 +1,70 @@
+"""The Atari peer (CleanRL-style PPO on EnvPool) on a tiny budget: it trains, stops on request with its state saved,
+resumes where it stopped, refuses a state made for another run, and writes curve files that our table and figures
+read, beside our own curve."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rlbalance.bench import atari
+from rlbalance.bench.ppo_envpool import game_over, ppo_envpool_atari
+from rlbalance.cli import main
+
+TINY = {"num_envs": 2, "num_steps": 16}  # 128 frames a rollout
+
+
+def test_a_game_ends_where_envpool_says_the_game_ended_not_at_each_life():
+    term = np.array([True, True, False, False])
+    trunc = np.array([False, False, False, True])
+    info = {"terminated": np.array([0, 1, 0, 0], dtype=np.int32)}
+    assert game_over(term, trunc, info).tolist() == [False, True, False, True]
+
+
+def test_peer_stops_resumes_and_refuses_another_runs_state(tmp_path):
+    state = tmp_path / "runs" / "Pong-seed1" / "state.pt"
+    calls = []
+
+    def stop_after_two():
+        calls.append(1)
+        return len(calls) == 2
+
+    first = ppo_envpool_atari("Pong", 640, 1, state, progress=lambda m: None, log_interval_s=0.0, settings=TINY,
+                              stop=stop_after_two)
+    assert first["outcome"] == "interrupted" and first["frames"] == 256 and state.is_file()
+    assert [r["frames"] for r in first["curve"]] == [128, 256]
+    said = []
+    second = ppo_envpool_atari("Pong", 640, 1, state, progress=said.append, log_interval_s=0.0, settings=TINY)
+    assert second["outcome"] == "completed" and second["frames"] == 640
+    assert any("resuming at 256" in m for m in said)
+    assert [r["frames"] for r in second["curve"]] == [128, 256, 384, 512, 640]
+    walls = [r["wall_s"] for r in second["curve"]]
+    assert walls == sorted(walls) and walls[2] >= first["wall_s"]
+    with pytest.raises(ValueError, match="Pong seed 1 to 640 frames"):
+        ppo_envpool_atari("Pong", 1280, 1, state, progress=lambda m: None, settings=TINY)
+
+
+def test_peer_curve_files_read_by_the_table_and_drawn_against_ours(tmp_path):
+    ours = tmp_path / "ours.json"
+    ours.write_text(json.dumps({"seed": 1, "agent": "vtrace", "milestones": {"-15": None, "+18": None},
+                                "final_return_last100": -20.0,
+                                "curve": [{"frames": 4096, "wall_s": 3.0, "return": -21.0},
+                                          {"frames": 8192, "wall_s": 6.0, "return": -20.0}]}))
+    run = {"game": "Pong", "seed": 1, "frames": 8192, "wall_s": 7.5, "outcome": "completed", "settings": TINY,
+           "curve": [{"frames": 4096, "wall_s": 4.0, "return": None, "fps": 1000.0},
+                     {"frames": 8192, "wall_s": 7.5, "return": -20.5, "fps": 1100.0}]}
+    out = tmp_path / "atari-peer"
+    r = atari.write_peer_curve(run, out / "Pong", against=[ours])
+    assert r["final_return_last100"] == -20.5 and r["milestones"] == {"-15": None, "+18": None}
+    doc = json.loads((out / "Pong" / "curve.json").read_text())  # strict JSON: the None return is null
+    assert doc["curve"][0]["return"] is None and doc["fps_median"] == 1100.0
+    assert (out / "Pong" / "vs-ours.png").stat().st_size > 0 and (out / "Pong" / "curve.png").stat().st_size > 0
+    table = atari.write_table(out, ("Pong",))
+    assert table["games"][0]["final_return_last100"] == -20.5
+
+
+def test_cli_names_a_missing_curve_to_draw_against_before_training(tmp_path, capsys):
+    rc = main(["bench", "atari-peer", "--games", "Pong", "--frames", "1000", "--out", str(tmp_path),
+               "--against", str(tmp_path / "nope.json")])
+    assert rc != 0 and "--against" in capsys.readouterr().err
+    assert not (tmp_path / "atari-peer").exists()
