@@ -137,11 +137,12 @@ def _plot(out: Path, rows: list[dict]) -> None:
 
 
 def run_peer(games: tuple[str, ...], frames: int, seed: int, out: Path, progress=print,
-             against: list[Path] | None = None) -> list[dict]:
+             against: list[Path] | None = None, until: float | None = None) -> list[dict]:
     """The CleanRL-style PPO peer (``rlbalance.bench.ppo_envpool.ppo_envpool_atari``) on each game, on this
     machine: its state in ``out``/runs/GAME-seedN/state.pt (resumed by a rerun; SIGTERM or Ctrl-C saves it and
     stops), its curve in ``out``/GAME/curve.json, .csv, .png in the format of ours. ``against``: curve files of
-    our runs (pong-curve.json or curve.json) drawn with the peer's on one figure, ``out``/GAME/vs-ours.png."""
+    our runs (pong-curve.json or curve.json) drawn with the peer's on one figure, ``out``/GAME/vs-ours.png.
+    ``until``: stop a game once the mean of its last 100 games reaches it (Pong: 18), else at ``frames``."""
     import signal
 
     from rlbalance.bench.ppo_envpool import ppo_envpool_atari
@@ -162,7 +163,8 @@ def run_peer(games: tuple[str, ...], frames: int, seed: int, out: Path, progress
         for game in games:
             state = out / "runs" / f"{game}-seed{seed}" / "state.pt"
             progress(f"[{game} peer] {frames:,} frames, seed {seed}: {state.parent}")
-            run = ppo_envpool_atari(game, frames, seed, state, progress=progress, stop=lambda: bool(stopping))
+            run = ppo_envpool_atari(game, frames, seed, state, progress=progress, stop=lambda: bool(stopping),
+                                    until=until)
             results.append(write_peer_curve(run, out / game, against=against))
             if stopping:
                 break

@@ -142,13 +142,14 @@ def game_over(terminated: np.ndarray, truncated: np.ndarray, info: dict) -> np.n
 
 def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progress=print,
                       checkpoint_interval_s: float = 300.0, log_interval_s: float = 10.0,
-                      settings: dict | None = None, stop=lambda: False) -> dict:
+                      settings: dict | None = None, stop=lambda: False, until: float | None = None) -> dict:
     """Train the Atari peer on ``game`` (EnvPool's ``GAME-v5``) to ``frames`` frames, resuming from
     ``state_path`` where an earlier call left it (same game, seed and frame budget, since the learning rate
     anneals over it). Returns the run: its curve (``frames``, ``wall_s``: seconds of training summed over
     sessions, ``return``: mean game return of the last 100 games, ``fps``) every ``log_interval_s``, and
-    ``outcome`` 'completed', or 'interrupted' where ``stop()`` turned true (checked after each rollout; the state
-    is saved then)."""
+    ``outcome`` 'completed', 'reached' where ``until`` is given and the mean of the last 100 games (100 of them)
+    reached it, or 'interrupted' where ``stop()`` turned true (checked after each rollout; the state is saved
+    then)."""
     import os
 
     import envpool
@@ -198,7 +199,9 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
     last_log = last_ckpt = last_progress = t_session
     frames_at_log, t_at_log = run["frames"], t_session
     outcome = "completed"
-    while run["frames"] < rollouts * per_rollout:
+    if run.get("reached"):  # an earlier call stopped at ``until``
+        outcome = "reached"
+    while run["frames"] < rollouts * per_rollout and outcome != "reached":
         if s["anneal_lr"]:
             done_frac = run["frames"] / (rollouts * per_rollout)
             for g in opt.param_groups:
@@ -221,7 +224,8 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
         _ppo_update(net, opt, s, obs, done, obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf)
         now = time.perf_counter()
         run["wall_s"] = wall0 + (now - t_session)
-        if now - last_log >= log_interval_s or run["frames"] >= rollouts * per_rollout:
+        reached = until is not None and len(run["returns"]) == 100 and float(np.mean(run["returns"])) >= until
+        if now - last_log >= log_interval_s or run["frames"] >= rollouts * per_rollout or reached:
             fps = (run["frames"] - frames_at_log) / (now - t_at_log)
             mean = float(np.mean(run["returns"])) if run["returns"] else None
             run["curve"].append({"frames": run["frames"], "wall_s": round(run["wall_s"], 2), "return": mean,
@@ -236,6 +240,9 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
         if now - last_ckpt >= checkpoint_interval_s:
             save()
             last_ckpt = now
+        if reached:
+            outcome, run["reached"] = "reached", until
+            break
         if stop():
             outcome = "interrupted"
             break

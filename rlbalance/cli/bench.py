@@ -6,7 +6,7 @@
   rlbalance bench pong-curve --from-run RUN    # the same files from a run made with rlbalance train
   rlbalance bench atari                        # Pong, Breakout, BeamRider, SpaceInvaders, Qbert: 10M frames each
   rlbalance bench atari --games Breakout --frames 10000000 --seed 2   # one game; a rerun resumes it
-  rlbalance bench atari-peer --games Pong --against bench/results/pong-curve/pong-curve.json
+  rlbalance bench atari-peer --games Pong --until 18 --against bench/results/pong-curve/pong-curve.json
                                                # the CleanRL-style PPO peer on EnvPool, same machine, same axes
   rlbalance bench mujoco-curve                 # HalfCheetah-v5 with the continuous preset, 1M steps: the curve
   rlbalance bench telemetry-overhead           # FPS with telemetry on against off, alternating runs
@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "BeamRider,SpaceInvaders,Qbert); each trains in OUT/atari/runs/GAME-seedN, resumed by a rerun")
     p.add_argument("--against", default="", help="atari-peer: comma-separated curve files of our runs "
                    "(pong-curve.json, curve.json) drawn with the peer's on one figure (OUT/atari-peer/GAME/vs-ours.png)")
+    p.add_argument("--until", type=float, default=None, help="atari-peer: stop a game once the mean return of "
+                   "its last 100 games reaches this (e.g. 18 for Pong), else at --frames")
     p.add_argument("--table-only", action="store_true", help="atari: rewrite the table and figure from the curves "
                    "in OUT/atari, training nothing")
     p.add_argument("--seed", type=int, default=1, help="pong-curve, mujoco-curve, chaos: run.seed (chaos: and the fault schedule)")
@@ -166,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             raise C.ConfigError(f"--against: no such curve file: {', '.join(missing)}")
         games = tuple(g for g in args.games.split(",") if g) or ("Pong",)
-        for r in run_peer(games, args.frames, args.seed, out / "atari-peer", against=against):
+        for r in run_peer(games, args.frames, args.seed, out / "atari-peer", against=against,
+                          until=args.until):
             print(f"[{r['game']} peer] {r['outcome']} at {r['frames']:,} frames, last-100 "
                   f"{r['final_return_last100']}, {r['wall_minutes']} min: {out / 'atari-peer' / r['game']}")
         return 0

@@ -68,3 +68,21 @@ def test_cli_names_a_missing_curve_to_draw_against_before_training(tmp_path, cap
                "--against", str(tmp_path / "nope.json")])
     assert rc != 0 and "--against" in capsys.readouterr().err
     assert not (tmp_path / "atari-peer").exists()
+
+
+def test_peer_stops_at_until_once_a_full_window_of_games_reaches_it(tmp_path):
+    # Every Pong game lost 21-0 in 2 envs takes > 700 steps: 100 games do not fit this budget, so 'until' below any
+    # score never fires on a partial window, and with the window forced full it fires at once and stays fired.
+    state = tmp_path / "state.pt"
+    r = ppo_envpool_atari("Pong", 256, 1, state, progress=lambda m: None, settings=TINY, until=-21.0)
+    assert r["outcome"] == "completed" and r["frames"] == 256
+    import torch
+
+    saved = torch.load(state, weights_only=False)
+    saved["run"]["returns"] = [-21.0] * 100
+    saved["run"]["frames_budget"] = 1280
+    torch.save(saved, state)
+    r = ppo_envpool_atari("Pong", 1280, 1, state, progress=lambda m: None, settings=TINY, until=-21.0)
+    assert r["outcome"] == "reached" and r["frames"] == 384 and r["curve"][-1]["frames"] == 384
+    again = ppo_envpool_atari("Pong", 1280, 1, state, progress=lambda m: None, settings=TINY, until=-21.0)
+    assert again["outcome"] == "reached" and again["frames"] == 384
