@@ -104,14 +104,16 @@ def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: in
 
 # ---------------------------------------------------------------------------------------------------------------
 # The Atari peer: CleanRL's PPO for Atari on EnvPool, as its documentation publishes it (8 envs, rollouts of 128
-# steps, Adam 2.5e-4 annealed linearly to 0 over the run, 4 epochs of 4 minibatches, clip 0.1 on the policy and the
+# steps, Adam 2.5e-4 annealed linearly to 0 over CleanRL's 10M agent steps (40M frames) whatever --frames says, so
+# a run stopped earlier learns as the start of CleanRL's run does, 4 epochs of 4 minibatches, clip 0.1 on the policy and the
 # value, entropy 0.01, value 0.5, grad norm 0.5, GAE lambda 0.95, discount 0.99; EnvPool with episodic life and
 # rewards clipped to [-1, 1], sticky actions off, the Nature CNN on 4 stacked 84x84 frames). One process: the env
 # steps and the learner take turns on all the CPUs. The return reported is the game's (unclipped, over all lives).
 
 ATARI_PEER = {"num_envs": 8, "num_steps": 128, "learning_rate": 2.5e-4, "anneal_lr": True, "epochs": 4,
               "minibatches": 4, "clip": 0.1, "entropy_cost": 0.01, "value_cost": 0.5, "max_grad_norm": 0.5,
-              "gae_lambda": 0.95, "discount": 0.99, "episodic_life": True, "reward_clip": True}
+              "gae_lambda": 0.95, "discount": 0.99, "episodic_life": True, "reward_clip": True,
+              "anneal_frames": 40_000_000}
 
 
 class _NatureNet(nn.Module):
@@ -144,8 +146,8 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
                       checkpoint_interval_s: float = 300.0, log_interval_s: float = 10.0,
                       settings: dict | None = None, stop=lambda: False, until: float | None = None) -> dict:
     """Train the Atari peer on ``game`` (EnvPool's ``GAME-v5``) to ``frames`` frames, resuming from
-    ``state_path`` where an earlier call left it (same game, seed and frame budget, since the learning rate
-    anneals over it). Returns the run: its curve (``frames``, ``wall_s``: seconds of training summed over
+    ``state_path`` where an earlier call left it (same game, seed and settings; ``frames`` may grow, since the
+    learning rate anneals over ``settings['anneal_frames']``). Returns the run: its curve (``frames``, ``wall_s``: seconds of training summed over
     sessions, ``return``: mean game return of the last 100 games, ``fps``) every ``log_interval_s``, and
     ``outcome`` 'completed', 'reached' where ``until`` is given and the mean of the last 100 games (100 of them)
     reached it, or 'interrupted' where ``stop()`` turned true (checked after each rollout; the state is saved
@@ -154,31 +156,36 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
 
     import envpool
 
+    t_session = time.perf_counter()  # wall time counts the envs' start, as our trainer's counts its actors'
     s = {**ATARI_PEER, **(settings or {})}
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(ncpu)
     torch.manual_seed(seed)
     n, t_len = s["num_envs"], s["num_steps"]
-    envs = envpool.make_gymnasium(f"{game}-v5", num_envs=n, seed=seed, num_threads=min(n, ncpu),
-                                  episodic_life=s["episodic_life"], reward_clip=s["reward_clip"],
-                                  repeat_action_probability=0.0)
-    n_act = envs.action_space.n
-    net = _NatureNet(n_act)
+    run = {"game": game, "seed": seed, "frames": 0, "wall_s": 0.0, "returns": [], "curve": [], "settings": s,
+           "sessions": 0}
+    saved = torch.load(state_path, map_location="cpu", weights_only=False) if state_path.is_file() else None
+    if saved is not None:
+        was = saved["run"]
+        if (was["game"], was["seed"], was["settings"]) != (game, seed, s):
+            raise ValueError(f"{state_path} holds the peer on {was['game']} seed {was['seed']} with settings "
+                             f"{was['settings']}, not {game} seed {seed} with {s}: give another output folder, or "
+                             "the same game, seed and settings")
+        run = was
+    # A resumed run's envs start new games, seeded apart from the sessions before (their unfinished games are lost:
+    # their frames count, their scores do not, as in our trainer).
+    envs = envpool.make_gymnasium(f"{game}-v5", num_envs=n, seed=seed + 10_000 * run["sessions"],
+                                  num_threads=min(n, ncpu), episodic_life=s["episodic_life"],
+                                  reward_clip=s["reward_clip"], repeat_action_probability=0.0)
+    run["sessions"] += 1
+    net = _NatureNet(envs.action_space.n)
     opt = torch.optim.Adam(net.parameters(), lr=s["learning_rate"], eps=1e-5)
     per_rollout = n * t_len * 4  # frames: frameskip 4
     rollouts = max(1, frames // per_rollout)
-    run = {"game": game, "seed": seed, "frames_budget": frames, "frames": 0, "wall_s": 0.0, "returns": [],
-           "curve": [], "settings": s}
-    if state_path.is_file():
-        saved = torch.load(state_path, map_location="cpu", weights_only=False)
-        if (saved["run"]["game"], saved["run"]["seed"], saved["run"]["frames_budget"]) != (game, seed, frames):
-            raise ValueError(f"{state_path} holds the peer on {saved['run']['game']} seed {saved['run']['seed']} "
-                             f"to {saved['run']['frames_budget']:,} frames, not {game} seed {seed} to {frames:,}: "
-                             "give another output folder, or the same game, seed and --frames")
+    if saved is not None:
         net.load_state_dict(saved["net"])
         opt.load_state_dict(saved["opt"])
         torch.set_rng_state(saved["torch_rng"])
-        run = saved["run"]
         progress(f"[{game} peer] resuming at {run['frames']:,} frames")
 
     def save() -> None:
@@ -194,16 +201,15 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
     obs = torch.from_numpy(envs.reset()[0])
     done = torch.zeros(n)
     game_ret = np.zeros(n)
-    t_session = time.perf_counter()
     wall0 = run["wall_s"]
     last_log = last_ckpt = last_progress = t_session
     frames_at_log, t_at_log = run["frames"], t_session
     outcome = "completed"
-    if run.get("reached"):  # an earlier call stopped at ``until``
-        outcome = "reached"
+    if until is not None and run.get("reached") is not None and run["reached"] >= until:
+        outcome = "reached"  # an earlier call stopped at this ``until`` or a higher one
     while run["frames"] < rollouts * per_rollout and outcome != "reached":
         if s["anneal_lr"]:
-            done_frac = run["frames"] / (rollouts * per_rollout)
+            done_frac = min(1.0, run["frames"] / s["anneal_frames"])
             for g in opt.param_groups:
                 g["lr"] = s["learning_rate"] * (1.0 - done_frac)
         for t in range(t_len):

@@ -40,8 +40,12 @@ def test_peer_stops_resumes_and_refuses_another_runs_state(tmp_path):
     assert [r["frames"] for r in second["curve"]] == [128, 256, 384, 512, 640]
     walls = [r["wall_s"] for r in second["curve"]]
     assert walls == sorted(walls) and walls[2] >= first["wall_s"]
-    with pytest.raises(ValueError, match="Pong seed 1 to 640 frames"):
-        ppo_envpool_atari("Pong", 1280, 1, state, progress=lambda m: None, settings=TINY)
+    more = ppo_envpool_atari("Pong", 768, 1, state, progress=lambda m: None, log_interval_s=0.0, settings=TINY)
+    assert more["frames"] == 768 and more["sessions"] == 3  # a longer budget goes on
+    with pytest.raises(ValueError, match="Pong seed 1 with settings"):
+        ppo_envpool_atari("Pong", 1280, 1, state, progress=lambda m: None, settings={**TINY, "num_envs": 4})
+    with pytest.raises(ValueError, match="not Pong seed 2"):
+        ppo_envpool_atari("Pong", 1280, 2, state, progress=lambda m: None, settings=TINY)
 
 
 def test_peer_curve_files_read_by_the_table_and_drawn_against_ours(tmp_path):
@@ -80,9 +84,10 @@ def test_peer_stops_at_until_once_a_full_window_of_games_reaches_it(tmp_path):
 
     saved = torch.load(state, weights_only=False)
     saved["run"]["returns"] = [-21.0] * 100
-    saved["run"]["frames_budget"] = 1280
     torch.save(saved, state)
     r = ppo_envpool_atari("Pong", 1280, 1, state, progress=lambda m: None, settings=TINY, until=-21.0)
     assert r["outcome"] == "reached" and r["frames"] == 384 and r["curve"][-1]["frames"] == 384
     again = ppo_envpool_atari("Pong", 1280, 1, state, progress=lambda m: None, settings=TINY, until=-21.0)
     assert again["outcome"] == "reached" and again["frames"] == 384
+    higher = ppo_envpool_atari("Pong", 512, 1, state, progress=lambda m: None, settings=TINY, until=0.0)
+    assert higher["outcome"] == "completed" and higher["frames"] == 512  # a higher bar: it trains on
