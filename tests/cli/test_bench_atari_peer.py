@@ -21,6 +21,7 @@ def test_a_game_ends_where_envpool_says_the_game_ended_not_at_each_life():
     assert game_over(term, trunc, info).tolist() == [False, True, False, True]
 
 
+@pytest.mark.slow
 def test_peer_stops_resumes_and_refuses_another_runs_state(tmp_path):
     state = tmp_path / "runs" / "Pong-seed1" / "state.pt"
     calls = []
@@ -74,6 +75,7 @@ def test_cli_names_a_missing_curve_to_draw_against_before_training(tmp_path, cap
     assert not (tmp_path / "atari-peer").exists()
 
 
+@pytest.mark.slow
 def test_peer_stops_at_until_once_a_full_window_of_games_reaches_it(tmp_path):
     # Every Pong game lost 21-0 in 2 envs takes > 700 steps: 100 games do not fit this budget, so 'until' below any
     # score never fires on a partial window, and with the window forced full it fires at once and stays fired.
