@@ -71,7 +71,9 @@ def train_game(game: str, frames: int, seed: int, out: Path, progress=print) -> 
 
 
 def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
-    """atari.json, atari.md and atari.png from the games' curve files in ``out``/GAME/curve.json."""
+    """atari.json, atari.md and atari.png from the games' curve files in ``out``/GAME/curve.json; where the peer
+    ran on a game (``out``/../atari-peer/GAME/curve.json, ``rlbalance bench atari-peer``), its result at the
+    frames it reached beside ours."""
     from rlbalance.core.jsonio import atomic_write_json
 
     rows = []
@@ -83,12 +85,16 @@ def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
         anchors = ANCHORS.get(game, [])
         best = max(anchors, default=None)
         final = r["final_return_last100"]
+        peer_path = out.parent / "atari-peer" / game / "curve.json"
+        peer = json.loads(peer_path.read_text()) if peer_path.is_file() else None
         rows.append({"game": game, "seed": r["seed"], "frames": r["frames"], "final_return_last100": final,
                      "best_return_last100": r["best_return_last100"], "wall_minutes": r["wall_minutes"],
                      "fps_median": r["fps_median"], "outcome": r["outcome"],
                      "anchors": [{"value": v, "source": s} for v, s in anchors],
                      "best_anchor": {"value": best[0], "source": best[1]} if best else None,
-                     "at_or_above_best": (final is not None and best is not None and final >= best[0])})
+                     "at_or_above_best": (final is not None and best is not None and final >= best[0]),
+                     "peer": {k: peer[k] for k in ("seed", "frames", "final_return_last100", "wall_minutes",
+                                                   "fps_median", "outcome")} if peer else None})
     doc = {"benchmark": "atari", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "games": rows}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "atari.json", doc)
@@ -96,17 +102,25 @@ def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
              "Mean return of the last 100 games (sticky actions off, as the preset has them). Anchors: published "
              "runs at 10M frames (rlbalance/bench/atari.py names them).", "",
              "| game | seed | frames | final last-100 | best last-100 | anchors at 10M frames | at or above the best |"
-             " wall time (min) | median FPS |", "|---|---|---|---|---|---|---|---|---|"]
+             " wall time (min) | median FPS | PPO-EnvPool peer, this machine |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         anchors = "; ".join(f"{a['value']:g} ({a['source']})" for a in r["anchors"]) or "-"
         mark = "yes" if r["at_or_above_best"] else "no"
         lines.append(f"| {r['game']} | {r['seed']} | {r['frames'] / 1e6:.2f}M | {_f(r['final_return_last100'])} | "
                      f"{_f(r['best_return_last100'])} | {anchors} | {mark} | {r['wall_minutes']:.0f} | "
-                     f"{_f(r['fps_median'], 0)} |")
+                     f"{_f(r['fps_median'], 0)} | {_peer(r['peer'])} |")
     (out / "atari.md").write_text("\n".join(lines) + "\n")
     if rows:
         _plot(out, rows)
     return doc
+
+
+def _peer(p: dict | None) -> str:
+    if not p:
+        return "-"
+    return (f"{_f(p['final_return_last100'])} at {p['frames'] / 1e6:.2f}M frames, {p['wall_minutes']:.0f} min, "
+            f"{_f(p['fps_median'], 0)} FPS ({p['outcome']})")
 
 
 def _f(x, digits: int = 1) -> str:

@@ -64,8 +64,15 @@ def test_peer_curve_files_read_by_the_table_and_drawn_against_ours(tmp_path):
     doc = json.loads((out / "Pong" / "curve.json").read_text())  # strict JSON: the None return is null
     assert doc["curve"][0]["return"] is None and doc["fps_median"] == 1100.0
     assert (out / "Pong" / "vs-ours.png").stat().st_size > 0 and (out / "Pong" / "curve.png").stat().st_size > 0
-    table = atari.write_table(out, ("Pong",))
-    assert table["games"][0]["final_return_last100"] == -20.5
+    ours_dir = tmp_path / "atari" / "Pong"  # our table beside the peer's folder shows the peer's result
+    ours_dir.mkdir(parents=True)
+    (ours_dir / "curve.json").write_text(json.dumps({
+        "seed": 2, "frames": 10_000_000, "final_return_last100": 17.5, "best_return_last100": 18.1,
+        "wall_minutes": 90.0, "fps_median": 1800.0, "outcome": "completed",
+        "curve": [{"frames": 10_000_000, "return": 17.5}]}))
+    (row,) = atari.write_table(tmp_path / "atari", ("Pong",))["games"]
+    assert row["final_return_last100"] == 17.5 and row["peer"]["final_return_last100"] == -20.5
+    assert "-20.5 at 0.01M frames, 0 min, 1,100 FPS (completed)" in (tmp_path / "atari" / "atari.md").read_text()
 
 
 def test_cli_names_a_missing_curve_to_draw_against_before_training(tmp_path, capsys):
