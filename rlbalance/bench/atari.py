@@ -36,21 +36,23 @@ def env_id(game: str) -> str:
     return f"ALE/{game}-v5"
 
 
-def game_config(game: str, frames: int, seed: int, runs: Path):
+def game_config(game: str, frames: int, seed: int, runs: Path, extra: dict | None = None):
     from rlbalance import config as C
 
-    cfg = C.build({"env": {"id": env_id(game)}, "run": {"seed": seed, "out_dir": str(runs)},
-                   "telemetry": {"progress": True, "tensorboard": True, "log_interval_s": 10.0}})
+    cfg = C.build(C.merge({"env": {"id": env_id(game)}, "run": {"seed": seed, "out_dir": str(runs)},
+                           "telemetry": {"progress": True, "tensorboard": True, "log_interval_s": 10.0}},
+                          extra or {}))
     return replace(cfg, run=replace(cfg.run, total_steps=frames // cfg.env.frameskip, name=f"{game}-seed{seed}",
                                     checkpoint_interval_s=300.0))
 
 
-def train_game(game: str, frames: int, seed: int, out: Path, progress=print) -> Path:
+def train_game(game: str, frames: int, seed: int, out: Path, progress=print, extra: dict | None = None) -> Path:
     """The game's run directory under ``out``/runs, trained to ``frames`` (a new run, or the unfinished one
-    resumed; a finished one is left as it is)."""
+    resumed; a finished one is left as it is). ``extra``: config overrides on top of the preset (a new run only;
+    a resumed run keeps its own config)."""
     from rlbalance.runtime.train import train
 
-    cfg = game_config(game, frames, seed, out / "runs")
+    cfg = game_config(game, frames, seed, out / "runs", extra)
     run = Path(cfg.run.out_dir) / cfg.run.name
     summary = run / "summary.json"
     if summary.is_file() and json.loads(summary.read_text()).get("outcome") == "completed" and \
@@ -227,7 +229,8 @@ def write_peer_curve(run: dict, out: Path, against: list[Path] | None = None) ->
     return {k: v for k, v in doc.items() if k != "curve"}
 
 
-def run_games(games: tuple[str, ...], frames: int, seed: int, out: Path, progress=print) -> dict:
+def run_games(games: tuple[str, ...], frames: int, seed: int, out: Path, progress=print,
+              extra: dict | None = None) -> dict:
     from rlbalance.bench.pong_curve import MILESTONES, write_curve
 
     for game in games:
@@ -236,6 +239,6 @@ def run_games(games: tuple[str, ...], frames: int, seed: int, out: Path, progres
 
             raise ConfigError(f"--games: {game!r} has no published anchor here; one of {list(ANCHORS)}")
     for game in games:
-        run = train_game(game, frames, seed, out, progress)
+        run = train_game(game, frames, seed, out, progress, extra)
         write_curve(run, out / game, milestones=MILESTONES if game == "Pong" else (), stem="curve")
     return write_table(out, games)

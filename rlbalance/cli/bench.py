@@ -69,7 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "seeds 1..N (default 2)")
     p.add_argument("--modes", default="central", help="seeds: comma-separated inference modes (central, actor)")
     p.add_argument("--set", metavar="SECTION.FIELD=VALUE", action="append", default=[],
-                   help="seeds, pong-curve, chaos (memory: only learner.agent): a config override on top of the defaults, e.g. --set learner.max_grad_norm=2 "
+                   help="seeds, pong-curve, atari, chaos (memory: only learner.agent): a config override on top of the defaults "
+                   "(atari: on top of the Atari preset, for every game: an experiment on the preset; give it its own --out), "
+                   "e.g. --set learner.max_grad_norm=2 "
                    "(repeatable)")
 
 
@@ -156,8 +158,10 @@ def run(args: argparse.Namespace) -> int:
         from rlbalance.bench.atari import GAMES, run_games, write_table
 
         games = tuple(g for g in args.games.split(",") if g) or GAMES
+        extra = C.parse_set(args.set)
+        C.build(extra)  # a bad override fails here, naming the field, before any run
         doc = write_table(out / "atari", games) if args.table_only else run_games(games, args.frames, args.seed,
-                                                                                    out / "atari")
+                                                                                    out / "atari", extra=extra)
         print(f"wrote {out / 'atari' / 'atari.md'} ({len(doc['games'])} games)")
         return 0
     if args.name == "atari-peer":

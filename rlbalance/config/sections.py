@@ -79,6 +79,9 @@ class EnvConfig:
             _require(bool(m) and all(part.isidentifier() for part in m.split(".")), "env.imports", self.imports,
                      "dotted module names, e.g. [myenvs]")
         _require(self.noop_max >= 0, "env.noop_max", self.noop_max, "must be >= 0")
+        _require(not (self.backend == "envpool" and self.is_atari and self.noop_max == 0), "env.noop_max",
+                 self.noop_max, "EnvPool's Atari envs crash the process at 0 (a segfault at reset, envpool 1.2.5): "
+                 "give env.noop_max >= 1, or env.backend=gymnasium for resets without no-ops")
         _require(self.frameskip >= 1, "env.frameskip", self.frameskip, "must be >= 1")
         _require(self.screen_size >= 8, "env.screen_size", self.screen_size, "must be >= 8")
         _require(self.frame_stack >= 1, "env.frame_stack", self.frame_stack, "must be >= 1")

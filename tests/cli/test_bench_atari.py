@@ -38,3 +38,14 @@ def test_table_from_curves_marks_the_games_at_or_above_the_best_anchor(tmp_path)
     doc = atari.write_table(tmp_path, ("Breakout", "Qbert", "BeamRider"))
     marks = {r["game"]: r["at_or_above_best"] for r in doc["games"]}
     assert marks == {"Breakout": True, "Qbert": False}  # BeamRider has no curve yet: no row
+
+
+def test_an_override_applies_on_top_of_the_preset_and_a_bad_one_stops_before_any_run(tmp_path, capsys):
+    from rlbalance import config as C
+
+    cfg = atari.game_config("Breakout", 10_000_000, 1, tmp_path, C.parse_set(["env.episodic_life=true"]))
+    assert cfg.env.episodic_life is True and cfg.run.preset == "atari" and cfg.learner.epochs == 4
+    assert atari.game_config("Breakout", 10_000_000, 1, tmp_path).env.episodic_life is False
+    rc = main(["bench", "atari", "--games", "Breakout", "--frames", "8000", "--out", str(tmp_path / "o"),
+               "--set", "env.episodic_lives=true"])
+    assert rc != 0 and "episodic_lives" in capsys.readouterr().err and not (tmp_path / "o").exists()

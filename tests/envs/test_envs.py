@@ -50,8 +50,10 @@ def test_atari_preprocessing_shapes():
     assert spec.num_actions == 6 and spec.frames_per_step == 4
 
 
-def test_episodic_life_keeps_game_return():
-    cfg = C.EnvConfig(id="ALE/Breakout-v5", episodic_life=True, noop_max=0)
+@pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
+def test_episodic_life_keeps_game_return(backend):
+    cfg = C.EnvConfig(id="ALE/Breakout-v5", episodic_life=True, noop_max=0 if backend == "gymnasium" else 1,
+                      backend=backend)
     envs = EnvBatch(cfg, 1, seed=0)
     envs.reset()
     lives_lost = games = 0
@@ -65,6 +67,12 @@ def test_episodic_life_keeps_game_return():
     assert lives_lost >= 1  # learning episodes ended at life losses before the game was over
     assert games == 1
     envs.close()
+
+
+def test_envpool_atari_without_no_ops_is_refused_before_it_can_crash():
+    with pytest.raises(C.ConfigError, match="env.noop_max=0 .*env.backend=gymnasium"):
+        C.EnvConfig(id="ALE/Breakout-v5", noop_max=0, backend="envpool")
+    assert C.EnvConfig(id="ALE/Breakout-v5", noop_max=0).noop_max == 0  # the gymnasium backend takes it
 
 
 def test_unknown_env_id_is_a_clear_error():
