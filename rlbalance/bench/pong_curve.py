@@ -109,7 +109,7 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
         torch.save({"format": CHECKPOINT_FORMAT, "model": state["model"], "steps": state["steps"],
                     "updates": state["updates"], "identity": state.get("identity")}, policy / "checkpoints" / name)
         (policy / "checkpoints" / "latest").write_text(name)
-        result["policy_dir"] = str(policy)
+        result["policy_dir"] = "policy"  # beside this file (a path of this machine would not travel)
         (out / f"{stem}.json").write_text(json.dumps(result, indent=1, allow_nan=False))
     _plot(rows, result, out / f"{stem}.png", milestones)
     return {k: v for k, v in result.items() if k not in ("curve", "learner", "actors", "env_config")}
