@@ -140,6 +140,11 @@ def _plot(out: Path, rows: list[dict]) -> None:
         curve = json.loads((out / r["game"] / "curve.json").read_text())["curve"]
         pts = [(c["frames"] / 1e6, c["return"]) for c in curve if c["return"] is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color="C0", label="rlbalance")
+        peer_path = out.parent / "atari-peer" / r["game"] / "curve.json"
+        if r.get("peer") and peer_path.is_file():
+            peer = [(c["frames"] / 1e6, c["return"]) for c in json.loads(peer_path.read_text())["curve"]
+                    if c["return"] is not None]
+            ax.plot([p[0] for p in peer], [p[1] for p in peer], color="C7", label="PPO-EnvPool peer, this machine")
         for i, a in enumerate(r["anchors"]):
             ax.axhline(a["value"], color=f"C{i + 1}", ls="--", lw=0.9, label=a["source"])
         ax.set_title(f"{r['game']} (seed {r['seed']})", fontsize=9)
