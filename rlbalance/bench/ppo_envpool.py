@@ -66,16 +66,7 @@ def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: in
             if target is not None and hit is None and mean >= target:
                 hit = curve[-1]
         with torch.no_grad():
-            next_v = critic(obs).squeeze(-1)
-            adv = torch.zeros_like(rew_buf)
-            last = torch.zeros(num_envs)
-            for t in reversed(range(num_steps)):
-                nonterm = 1.0 - (done if t == num_steps - 1 else done_buf[t + 1])
-                nv = next_v if t == num_steps - 1 else val_buf[t + 1]
-                delta = rew_buf[t] + 0.99 * nv * nonterm - val_buf[t]
-                last = delta + 0.99 * 0.95 * nonterm * last
-                adv[t] = last
-            ret = adv + val_buf
+            adv, ret = _gae(rew_buf, done_buf, val_buf, critic(obs).squeeze(-1), done, 0.99, 0.95)
         b_obs, b_act, b_logp = obs_buf.reshape(-1, obs_dim), act_buf.reshape(-1), logp_buf.reshape(-1)
         b_adv, b_ret = adv.reshape(-1), ret.reshape(-1)
         n = b_obs.shape[0]
@@ -257,19 +248,23 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
     return {**run, "outcome": outcome}
 
 
+def _gae(rew, done_buf, val, next_v, next_done, discount: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and returns of a [T, N] rollout, as CleanRL computes them: ``done_buf[t]`` marks the
+    observation at step t as the first of a new episode; the rollout's end bootstraps from ``next_v``."""
+    t_len = rew.shape[0]
+    adv = torch.zeros_like(rew)
+    last = torch.zeros_like(rew[0])
+    for t in reversed(range(t_len)):
+        nonterm = 1.0 - (next_done if t == t_len - 1 else done_buf[t + 1])
+        nv = next_v if t == t_len - 1 else val[t + 1]
+        last = rew[t] + discount * nv * nonterm - val[t] + discount * lam * nonterm * last
+        adv[t] = last
+    return adv, adv + val
+
+
 def _ppo_update(net, opt, s, obs, done, obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf) -> None:
-    t_len, n = rew_buf.shape
     with torch.no_grad():
-        next_v = net(obs)[1]
-        adv = torch.zeros_like(rew_buf)
-        last = torch.zeros(n)
-        for t in reversed(range(t_len)):
-            nonterm = 1.0 - (done if t == t_len - 1 else done_buf[t + 1])
-            nv = next_v if t == t_len - 1 else val_buf[t + 1]
-            delta = rew_buf[t] + s["discount"] * nv * nonterm - val_buf[t]
-            last = delta + s["discount"] * s["gae_lambda"] * nonterm * last
-            adv[t] = last
-        ret = adv + val_buf
+        adv, ret = _gae(rew_buf, done_buf, val_buf, net(obs)[1], done, s["discount"], s["gae_lambda"])
     b_obs, b_act, b_logp = obs_buf.flatten(0, 1), act_buf.flatten(), logp_buf.flatten()
     b_adv, b_ret, b_val = adv.flatten(), ret.flatten(), val_buf.flatten()
     rows, clip = b_obs.shape[0], s["clip"]

@@ -100,3 +100,17 @@ def test_peer_stops_at_until_once_a_full_window_of_games_reaches_it(tmp_path):
     assert again["outcome"] == "reached" and again["frames"] == 384
     higher = ppo_envpool_atari("Pong", 512, 1, state, progress=lambda m: None, settings=TINY, until=0.0)
     assert higher["outcome"] == "completed" and higher["frames"] == 512  # a higher bar: it trains on
+
+
+def test_gae_of_the_peers_cuts_at_a_new_episode_and_bootstraps_at_the_rollouts_end():
+    import torch
+
+    from rlbalance.bench.ppo_envpool import _gae
+
+    rew, val = torch.tensor([[1.0], [1.0]]), torch.tensor([[0.5], [0.5]])
+    next_v, next_done = torch.tensor([0.5]), torch.tensor([0.0])
+    cut = torch.tensor([[0.0], [1.0]])  # the observation at step 1 starts a new episode
+    adv, ret = _gae(rew, cut, val, next_v, next_done, 0.9, 0.8)
+    assert torch.allclose(adv[:, 0], torch.tensor([0.5, 0.95])) and torch.allclose(ret[:, 0], torch.tensor([1.0, 1.45]))
+    adv, _ = _gae(rew, torch.zeros(2, 1), val, next_v, next_done, 0.9, 0.8)
+    assert torch.allclose(adv[:, 0], torch.tensor([0.95 + 0.72 * 0.95, 0.95]))
