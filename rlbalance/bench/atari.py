@@ -32,6 +32,14 @@ ANCHORS: dict[str, list[tuple[float, str]]] = {
 }
 
 
+def _check_games(games: tuple[str, ...]) -> None:
+    for game in games:
+        if game not in ANCHORS:
+            from rlbalance.core.errors import ConfigError
+
+            raise ConfigError(f"--games: {game!r} has no published anchor here; one of {list(ANCHORS)}")
+
+
 def env_id(game: str) -> str:
     return f"ALE/{game}-v5"
 
@@ -78,7 +86,7 @@ def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
     frames it reached beside ours."""
     from rlbalance.core.jsonio import atomic_write_json
 
-    rows = []
+    rows, curves = [], {}  # curves: game -> (ours, the peer's or None), for the figure
     for game in games:
         path = out / game / "curve.json"
         if not path.is_file():
@@ -89,6 +97,7 @@ def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
         final = r["final_return_last100"]
         peer_path = out.parent / "atari-peer" / game / "curve.json"
         peer = json.loads(peer_path.read_text()) if peer_path.is_file() else None
+        curves[game] = (r["curve"], peer["curve"] if peer else None)
         rows.append({"game": game, "seed": r["seed"], "frames": r["frames"], "final_return_last100": final,
                      "best_return_last100": r["best_return_last100"], "wall_minutes": r["wall_minutes"],
                      "fps_median": r["fps_median"], "outcome": r["outcome"],
@@ -114,7 +123,7 @@ def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
                      f"{_f(r['fps_median'], 0)} | {_peer(r['peer'])} |")
     (out / "atari.md").write_text("\n".join(lines) + "\n")
     if rows:
-        _plot(out, rows)
+        _plot(out, rows, curves)
     return doc
 
 
@@ -129,7 +138,7 @@ def _f(x, digits: int = 1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
 
 
-def _plot(out: Path, rows: list[dict]) -> None:
+def _plot(out: Path, rows: list[dict], curves: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,13 +146,11 @@ def _plot(out: Path, rows: list[dict]) -> None:
 
     fig, axes = plt.subplots(1, len(rows), figsize=(3.4 * len(rows), 3.2), squeeze=False)
     for ax, r in zip(axes[0], rows):
-        curve = json.loads((out / r["game"] / "curve.json").read_text())["curve"]
-        pts = [(c["frames"] / 1e6, c["return"]) for c in curve if c["return"] is not None]
+        ours, peer_curve = curves[r["game"]]
+        pts = [(c["frames"] / 1e6, c["return"]) for c in ours if c["return"] is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color="C0", label="rlbalance")
-        peer_path = out.parent / "atari-peer" / r["game"] / "curve.json"
-        if r.get("peer") and peer_path.is_file():
-            peer = [(c["frames"] / 1e6, c["return"]) for c in json.loads(peer_path.read_text())["curve"]
-                    if c["return"] is not None]
+        if peer_curve:
+            peer = [(c["frames"] / 1e6, c["return"]) for c in peer_curve if c["return"] is not None]
             ax.plot([p[0] for p in peer], [p[1] for p in peer], color="C7", label="PPO-EnvPool peer, this machine")
         for i, a in enumerate(r["anchors"]):
             ax.axhline(a["value"], color=f"C{i + 1}", ls="--", lw=0.9, label=a["source"])
@@ -168,11 +175,7 @@ def run_peer(games: tuple[str, ...], frames: int, seed: int, out: Path, progress
 
     from rlbalance.bench.ppo_envpool import ppo_envpool_atari
 
-    for game in games:
-        if game not in ANCHORS:
-            from rlbalance.core.errors import ConfigError
-
-            raise ConfigError(f"--games: {game!r} has no published anchor here; one of {list(ANCHORS)}")
+    _check_games(games)
     stopping = []
 
     def _stop(signum, frame):
@@ -198,26 +201,18 @@ def run_peer(games: tuple[str, ...], frames: int, seed: int, out: Path, progress
 def write_peer_curve(run: dict, out: Path, against: list[Path] | None = None) -> dict:
     """curve.json, .csv and .png of a peer run (as ``ppo_envpool_atari`` returns it), with the fields of our
     curve files (so the table and ``plot_seeds`` read both); with ``against``, vs-ours.png too."""
-    from rlbalance.bench.pong_curve import MILESTONES, plot_seeds
+    from rlbalance.bench.pong_curve import MILESTONES, curve_summary, plot_seeds
     from rlbalance.core.cpuinfo import cpu_model
     from rlbalance.core.jsonio import atomic_write_json
 
     rows = run["curve"]
-    pong = run["game"] == "Pong"
-    crossed = {}
-    for m in (MILESTONES if pong else ()):
-        hit = next((r for r in rows if r["return"] is not None and r["return"] >= m), None)
-        crossed[f"{m:+g}"] = {"frames": hit["frames"], "minutes": round(hit["wall_s"] / 60, 1)} if hit else None
-    with_return = [r["return"] for r in rows if r["return"] is not None]
-    fps = sorted(r["fps"] for r in rows)
     doc = {"benchmark": "atari-peer", "peer": "CleanRL-style PPO on EnvPool, one process "
            "(rlbalance/bench/ppo_envpool.py: ppo_envpool_atari)", "env": f"{run['game']}-v5 (EnvPool)",
-           "game": run["game"], "seed": run["seed"], "frames": run["frames"],
-           "wall_minutes": round(run["wall_s"] / 60, 1),
-           "final_return_last100": with_return[-1] if with_return else None,
-           "best_return_last100": max(with_return, default=None), "milestones": crossed,
-           "fps_median": fps[len(fps) // 2] if fps else None, "outcome": run["outcome"], "cpu": cpu_model(),
-           "settings": run["settings"], "curve": rows}
+           "game": run["game"], "seed": run["seed"],
+           **curve_summary(rows, MILESTONES if run["game"] == "Pong" else ()),
+           # where it stopped, which a stop between two curve rows leaves past the last row
+           "frames": run["frames"], "wall_minutes": round(run["wall_s"] / 60, 1),
+           "outcome": run["outcome"], "cpu": cpu_model(), "settings": run["settings"], "curve": rows}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "curve.json", doc)
     (out / "curve.csv").write_text("frames,wall_s,mean_return_last100,fps\n" + "".join(
@@ -238,11 +233,7 @@ def run_games(games: tuple[str, ...], frames: int, seed: int, out: Path, progres
               extra: dict | None = None) -> dict:
     from rlbalance.bench.pong_curve import MILESTONES, write_curve
 
-    for game in games:
-        if game not in ANCHORS:
-            from rlbalance.core.errors import ConfigError
-
-            raise ConfigError(f"--games: {game!r} has no published anchor here; one of {list(ANCHORS)}")
+    _check_games(games)
     for game in games:
         run = train_game(game, frames, seed, out, progress, extra)
         write_curve(run, out / game, milestones=MILESTONES if game == "Pong" else (), stem="curve")

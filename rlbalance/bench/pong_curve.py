@@ -71,20 +71,10 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
              "entropy": _finite(r.get("loss/entropy")), "policy_lag": _finite(r.get("policy_lag")),
              "q_mean": _finite(r.get("loss/q_mean")), "td_abs": _finite(r.get("loss/td_abs")),
              "fps": _finite(r.get("fps"))} for r in recs]
-    crossed = {}
-    for m in milestones:
-        hit = next((row for row in rows if row["return"] is not None and row["return"] >= m), None)
-        crossed[f"{m:+g}"] = {"frames": hit["frames"], "minutes": round(hit["wall_s"] / 60, 1)} if hit else None
-    with_return = [row for row in rows if row["return"] is not None]
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-    fps = [row["fps"] for row in rows if row["fps"]]
     result = {
         "env": cfg["env"]["id"], "preset": cfg["run"].get("preset"), "seed": cfg["run"]["seed"],
-        "agent": cfg["learner"].get("agent", "vtrace"),
-        "frames": rows[-1]["frames"] if rows else 0, "wall_minutes": round(rows[-1]["wall_s"] / 60, 1) if rows else 0.0,
-        "final_return_last100": with_return[-1]["return"] if with_return else None,
-        "best_return_last100": max((row["return"] for row in with_return), default=None),
-        "milestones": crossed, "fps_median": sorted(fps)[len(fps) // 2] if fps else None,
+        "agent": cfg["learner"].get("agent", "vtrace"), **curve_summary(rows, milestones),
         "outcome": summary.get("outcome", "unfinished"), "run_dir": run.name,
         "learner": cfg["learner"], "actors": cfg["actors"], "env_config": cfg["env"],
         "curve": rows,
@@ -113,6 +103,22 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
         (out / f"{stem}.json").write_text(json.dumps(result, indent=1, allow_nan=False))
     _plot(rows, result, out / f"{stem}.png", milestones)
     return {k: v for k, v in result.items() if k not in ("curve", "learner", "actors", "env_config")}
+
+
+def curve_summary(rows: list[dict], milestones: tuple[float, ...] = ()) -> dict:
+    """What a curve file says of its rows (``frames``, ``wall_s``, ``return``, ``fps``): where it ended, its final
+    and best mean return, the first crossing (frames, minutes) of each milestone, and its median FPS."""
+    with_return = [row["return"] for row in rows if row["return"] is not None]
+    crossed = {}
+    for m in milestones:
+        hit = next((row for row in rows if row["return"] is not None and row["return"] >= m), None)
+        crossed[f"{m:+g}"] = {"frames": hit["frames"], "minutes": round(hit["wall_s"] / 60, 1)} if hit else None
+    fps = sorted(row["fps"] for row in rows if row["fps"])
+    return {"frames": rows[-1]["frames"] if rows else 0,
+            "wall_minutes": round(rows[-1]["wall_s"] / 60, 1) if rows else 0.0,
+            "final_return_last100": with_return[-1] if with_return else None,
+            "best_return_last100": max(with_return, default=None), "milestones": crossed,
+            "fps_median": fps[len(fps) // 2] if fps else None}
 
 
 def _csv(x) -> str:

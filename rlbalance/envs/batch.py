@@ -273,10 +273,8 @@ class EnvPoolBatch:
         done = term | trunc
         final = obs.copy() if trunc.any() else None
         game_over = done.copy()
-        if self.atari and "terminated" in info:  # EnvPool's own flag for the game's end (with episodic life,
-            game_over = done & (info["terminated"].astype(bool) | trunc)  # ``term`` marks every life lost)
-        elif self.atari and "lives" in info:
-            game_over = done & ((info["lives"] == 0) | trunc)
+        if self.atari:  # EnvPool's own flag for the game's end (with episodic life, ``term`` marks every life lost)
+            game_over = done & (info["terminated"].astype(bool) | trunc)
         if done.any():
             ids = np.nonzero(done)[0]
             obs = obs.copy()
