@@ -64,11 +64,13 @@ class Config:
                  f"must be a multiple of actors.envs_per_actor={k}, since each actor buffer holds {k} unrolls "
                  f"(try {max(k, round(self.learner.batch_size / k) * k)})")
         if self.actors.buffers_per_actor:
-            need = self.buffers_per_batch + self.num_clients
+            # A batch takes its buffers all at once: fewer in all never fill one. (From one batch up to a batch plus
+            # one per group, the actors wait while the learner copies a batch out; the policy lag is the least.)
+            need = self.buffers_per_batch
             _require(self.num_buffers >= need, "actors.buffers_per_actor", self.actors.buffers_per_actor,
                      f"{self.num_clients} env groups x {self.actors.buffers_per_actor} = {self.num_buffers} buffers; "
-                     f"one learner batch takes {self.buffers_per_batch} while every group fills one, so at least "
-                     f"{need} are needed or actors stall: raise it to {-(-need // self.num_clients)} or use 0")
+                     f"one learner batch takes {need} at once, so fewer never make a batch: raise it to "
+                     f"{-(-need // self.num_clients)} or use 0")
         if self.inference.max_batch:
             _require(self.inference.max_batch >= k, "inference.max_batch", self.inference.max_batch,
                      f"must be 0 or >= actors.envs_per_actor={k} (one actor's envs go in one forward pass)")
@@ -237,7 +239,8 @@ def env_id_of(make: Any) -> str:
 
 
 def fit_buffers(a: ActorsConfig, lrn: LearnerConfig) -> ActorsConfig:
-    """``a`` with buffers_per_actor raised to the least that does not stall this actor layout, if below it."""
+    """``a`` with buffers_per_actor raised, if below it, to the least with which every group still has a buffer to
+    fill while the learner takes a batch (for a preset's value; a user's own is only checked)."""
     if not a.buffers_per_actor or lrn.batch_size % a.envs_per_actor:
         return a
     clients = a.num_actors * a.env_groups

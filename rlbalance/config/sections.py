@@ -124,7 +124,9 @@ class ActorsConfig:
     max_restarts: int = _f(10, "Actor restarts allowed in a run (dead, crashed or hung); one more stops training "
                            "with an error.")
     buffers_per_actor: int = _f(0, "Shared-memory unroll buffers per env group (0: enough for two learner "
-                                "batches plus one per group); more lets actors run further ahead.")
+                                "batches plus one per group); more lets actors run further ahead, fewer bound the "
+                                "policy lag of a learner-bound run (as few as one batch in all: then the actors "
+                                "wait while the learner copies a batch out).")
 
     def __post_init__(self) -> None:
         _require(self.num_actors >= 1, "actors.num_actors", self.num_actors, "must be >= 1")
@@ -132,8 +134,8 @@ class ActorsConfig:
         _require(self.env_groups >= 1, "actors.env_groups", self.env_groups, "must be >= 1")
         _require(self.heartbeat_timeout_s > 0, "actors.heartbeat_timeout_s", self.heartbeat_timeout_s, "must be > 0")
         _require(self.max_restarts >= 0, "actors.max_restarts", self.max_restarts, "must be >= 0")
-        _require(self.buffers_per_actor == 0 or self.buffers_per_actor >= 2, "actors.buffers_per_actor",
-                 self.buffers_per_actor, "must be 0 (automatic) or >= 2")
+        _require(self.buffers_per_actor >= 0, "actors.buffers_per_actor", self.buffers_per_actor,
+                 "must be 0 (automatic) or >= 1")
         _require(all(c >= 0 for c in self.cpu_affinity), "actors.cpu_affinity", self.cpu_affinity,
                  "core ids must be >= 0")
 

@@ -133,9 +133,15 @@ def test_learner_update_options_are_checked():
 
 def test_preset_buffer_count_follows_the_actor_layout_a_user_gives():
     """The Atari preset's 2 buffers per group fit its 2 actors; with 1 actor (one batch takes both of its
-    buffers) the preset's value is raised to the least that does not stall, while a user's own value is
-    checked and refused, naming the field."""
+    buffers) the preset's value is raised so that the actor has one to fill while a batch is taken. A user's own
+    value is only checked: as few as one batch in all (the least policy lag), and fewer is refused, naming the
+    field, since a batch takes its buffers at once."""
     assert C.build({"env": {"id": "ALE/Pong-v5"}}).actors.buffers_per_actor == 2
     assert C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"num_actors": 1}}).actors.buffers_per_actor == 3
-    with pytest.raises(C.ConfigError, match=r"actors.buffers_per_actor=2 is invalid.*raise it to 3"):
-        C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"num_actors": 1, "buffers_per_actor": 2}})
+    one = C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"num_actors": 1, "buffers_per_actor": 2}})
+    assert one.num_buffers == one.buffers_per_batch == 2
+    assert C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"buffers_per_actor": 1}}).num_buffers == 2
+    with pytest.raises(C.ConfigError, match=r"actors.buffers_per_actor=1 is invalid.*at once.*raise it to 2"):
+        C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"num_actors": 1, "buffers_per_actor": 1}})
+    with pytest.raises(C.ConfigError, match=r"actors.buffers_per_actor=-1 is invalid.*>= 1"):
+        C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"buffers_per_actor": -1}})

@@ -96,6 +96,21 @@ def test_actor_side_inference_trains(cfg_factory):
     assert lags and min(lags) >= 0  # (a final record with no update since the one before has no lag: null)
 
 
+def test_one_batch_of_buffers_in_all_trains_without_waiting_forever(cfg_factory):
+    """actors.buffers_per_actor as low as one learner batch in all (here 2 actors x 1 buffer, a batch of 2 buffers):
+    every batch takes every buffer, which go back to the actors before the update, so the run goes on. Each buffer
+    trained was handed back one update before, and its unroll's first action asked for at most one update earlier:
+    a policy lag of at most 3 (counted after the update), where spare buffers let it grow with the queue."""
+    cfg = cfg_factory(actors={"num_actors": 2, "envs_per_actor": 4, "env_groups": 1, "buffers_per_actor": 1},
+                      learner={"batch_size": 8}, run={"total_steps": 6_000, "name": "onebatch"},
+                      telemetry={"tensorboard": False})
+    assert cfg.num_buffers == cfg.buffers_per_batch == 2
+    s = train(cfg)
+    assert s["steps"] >= 6_000
+    lags = [r["policy_lag"] for r in _records(s["run_dir"]) if r["policy_lag"] is not None]
+    assert lags and max(lags) <= 3
+
+
 def test_synthetic_env_serial_and_parallel(cfg_factory):
     for mode in ("serial", "parallel"):
         s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 5.0}, run={"total_steps": 8_000,
