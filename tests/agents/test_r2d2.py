@@ -423,6 +423,11 @@ def test_the_least_exploring_envs_returns_are_reported_apart(cfg_factory):
     assert 0 < len(low) < 2 * k and agent.greedy_episodes.count == len(low)
     assert agent.greedy_episodes.mean_return() == pytest.approx(low.mean())
     assert agent.replay_figures()["greedy_envs"] == int((eps <= GREEDY_EPSILON).sum())
+    # a resumed run goes on with these games (its curve's near-greedy mean does not start again from a few games)
+    again = R2D2Agent(build_model(cfg.learner, spec), cfg, torch.device("cpu"), spec.obs_shape, spec.obs_dtype)
+    again.load_state_dict(agent.state_dict())
+    assert list(again.greedy_episodes.returns) == list(agent.greedy_episodes.returns)
+    assert again.greedy_episodes.count == len(low) and again.greedy_episodes.mean_return() == pytest.approx(low.mean())
 
 
 def train_r2d2(cfg):

@@ -199,7 +199,10 @@ class R2D2Agent(LearnerBase):
         a = self.algo
         return {"model": a.net.state_dict(), "target": a.target.state_dict(), "optimizer": a.optimizer.state_dict(),
                 "updates": a.updates, "steps": self.steps,
-                "replay_counts": {"inserted": self.replay.inserted, "sampled": self.replay.sampled}}
+                "replay_counts": {"inserted": self.replay.inserted, "sampled": self.replay.sampled},
+                "greedy_episodes": {"returns": list(self.greedy_episodes.returns),
+                                    "lengths": list(self.greedy_episodes.lengths),
+                                    "count": self.greedy_episodes.count, "best_mean": self.greedy_episodes.best_mean}}
 
     def load_state_dict(self, state: dict) -> None:
         a = self.algo
@@ -208,6 +211,12 @@ class R2D2Agent(LearnerBase):
         load_optimizer(a.optimizer, state["optimizer"])
         a.updates = int(state["updates"])
         self.steps = int(state["steps"])
+        greedy = state.get("greedy_episodes")  # (checkpoints before it kept these restart the near-greedy mean)
+        if greedy:
+            g = self.greedy_episodes
+            g.returns.extend(greedy["returns"])
+            g.lengths.extend(greedy["lengths"])
+            g.count, g.best_mean = int(greedy["count"]), float(greedy["best_mean"])
 
 
 def replay_verdict(verdict: dict, replay: dict) -> None:
