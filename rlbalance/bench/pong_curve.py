@@ -88,11 +88,12 @@ def write_curve(run: Path, out: Path, milestones: tuple[float, ...] = MILESTONES
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1, allow_nan=False))
-    cols = ("return", "entropy", "q_mean", "td_abs", "policy_lag") + (("return_greedy",) if "final_return_greedy_last100"
-                                                                       in result else ())
-    head = "frames,wall_s,mean_return_last100,entropy,q_mean,td_abs,policy_lag" + (
-        ",greedy_mean_return_last100" if len(cols) > 5 else "")
-    (out / f"{stem}.csv").write_text(head + "\n" + "".join(
+    columns = {"return": "mean_return_last100", "entropy": "entropy", "q_mean": "q_mean", "td_abs": "td_abs",
+               "policy_lag": "policy_lag"}
+    if "final_return_greedy_last100" in result:
+        columns["return_greedy"] = "greedy_mean_return_last100"
+    cols = tuple(columns)
+    (out / f"{stem}.csv").write_text(",".join(("frames", "wall_s", *columns.values())) + "\n" + "".join(
         f"{r['frames']},{r['wall_s']:.1f}," + ",".join(_csv(r[c]) for c in cols) + "\n" for r in rows))
     ckpts = sorted((run / "checkpoints").glob("ckpt-*.pt"))
     if ckpts:  # the final policy as a minimal run directory (config + model-only checkpoint) for `rlbalance eval`
@@ -154,11 +155,11 @@ def _plot(rows: list[dict], result: dict, path: Path, milestones: tuple[float, .
     pong = "Pong" in result["env"]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     ret = [(r["frames"] / 1e6, r["wall_s"] / 60, r["return"]) for r in rows if r["return"] is not None]
+    greedy = [(r["frames"] / 1e6, r["wall_s"] / 60, r["return_greedy"]) for r in rows
+              if r.get("return_greedy") is not None]
     for ax, xi, label in ((axes[0][0], 0, "frames (millions)" if pong else "env steps (millions)"),
                           (axes[0][1], 1, "wall time (minutes)")):
         ax.plot([p[xi] for p in ret], [p[2] for p in ret], color="C0", label="all envs")
-        greedy = [(r["frames"] / 1e6, r["wall_s"] / 60, r["return_greedy"]) for r in rows
-                  if r.get("return_greedy") is not None]
         if greedy:
             ax.plot([p[xi] for p in greedy], [p[2] for p in greedy], color="C4",
                     label="envs exploring at most 1% (R2D2's least-exploring play)")

@@ -271,9 +271,8 @@ class Session:
     def checkpoint(self) -> Path:
         self.last_ckpt = time.perf_counter()
         state = self.learner.state_dict()
-        state.update(episodes_returns=list(self.episodes.returns), episodes_lengths=list(self.episodes.lengths),
-                     episodes_count=self.episodes.count, episodes_best_mean=self.episodes.best_mean,
-                     torch_rng=torch.get_rng_state(), identity=checkpoint_identity(self.cfg, self.spec))
+        state.update({f"episodes_{k}": v for k, v in self.episodes.state().items()})
+        state.update(torch_rng=torch.get_rng_state(), identity=checkpoint_identity(self.cfg, self.spec))
         return self.run.save_checkpoint(state)
 
     def telemetry(self) -> dict:

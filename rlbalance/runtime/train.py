@@ -154,10 +154,7 @@ def _start_session(cfg: Config, run: RunDir, state: dict | None, spec: EnvSpec, 
         learner = registry.make_learner(model, cfg, spec, device, step_lock=model_lock, distributed=ranks is not None)
         if state is not None:
             learner.load_state_dict(state)
-            episodes.returns.extend(state.get("episodes_returns", []))
-            episodes.lengths.extend(state.get("episodes_lengths", []))
-            episodes.count = int(state.get("episodes_count", 0))
-            episodes.best_mean = float(state.get("episodes_best_mean", float("nan")))
+            episodes.restore({k.removeprefix("episodes_"): v for k, v in state.items() if k.startswith("episodes_")})
             torch.set_rng_state(state["torch_rng"])
             run.write_config(cfg)  # overrides given on resume are part of the config this session uses
         if ranks is not None:

@@ -30,6 +30,18 @@ class EpisodeStats:
                 m = float(np.mean(self.returns))
                 self.best_mean = m if math.isnan(self.best_mean) else max(self.best_mean, m)
 
+    def state(self) -> dict:
+        """What a checkpoint keeps of these games (returns, lengths, count, best_mean), for ``restore``."""
+        return {"returns": list(self.returns), "lengths": list(self.lengths), "count": self.count,
+                "best_mean": self.best_mean}
+
+    def restore(self, state: dict) -> None:
+        """The games of ``state`` (from ``state()``; missing keys: none), after any already here."""
+        self.returns.extend(state.get("returns", []))
+        self.lengths.extend(state.get("lengths", []))
+        self.count = int(state.get("count", 0))
+        self.best_mean = float(state.get("best_mean", math.nan))
+
     def mean_return(self) -> float:
         return float(np.mean(self.returns)) if self.returns else math.nan
 

@@ -200,9 +200,7 @@ class R2D2Agent(LearnerBase):
         return {"model": a.net.state_dict(), "target": a.target.state_dict(), "optimizer": a.optimizer.state_dict(),
                 "updates": a.updates, "steps": self.steps,
                 "replay_counts": {"inserted": self.replay.inserted, "sampled": self.replay.sampled},
-                "greedy_episodes": {"returns": list(self.greedy_episodes.returns),
-                                    "lengths": list(self.greedy_episodes.lengths),
-                                    "count": self.greedy_episodes.count, "best_mean": self.greedy_episodes.best_mean}}
+                "greedy_episodes": self.greedy_episodes.state()}
 
     def load_state_dict(self, state: dict) -> None:
         a = self.algo
@@ -211,12 +209,8 @@ class R2D2Agent(LearnerBase):
         load_optimizer(a.optimizer, state["optimizer"])
         a.updates = int(state["updates"])
         self.steps = int(state["steps"])
-        greedy = state.get("greedy_episodes")  # (checkpoints before it kept these restart the near-greedy mean)
-        if greedy:
-            g = self.greedy_episodes
-            g.returns.extend(greedy["returns"])
-            g.lengths.extend(greedy["lengths"])
-            g.count, g.best_mean = int(greedy["count"]), float(greedy["best_mean"])
+        # (checkpoints from before it was kept start the near-greedy mean again)
+        self.greedy_episodes.restore(state.get("greedy_episodes", {}))
 
 
 def replay_verdict(verdict: dict, replay: dict) -> None:
