@@ -296,6 +296,9 @@ class R2D2Config:
     importance_exponent: float = _f(0.6, "beta: importance weights (N P(i)) ** -beta, normalised by their batch "
                                     "maximum.")
     priority_eta: float = _f(0.9, "Sequence priority eta max|td| + (1 - eta) mean|td|.")
+    initial_priority: str = _f("actor", "A new sequence's priority: 'actor' from the TD errors of the Q-values the "
+                               "actors acted by (Ape-X, R2D2, SEED RL: new sequences compete by their own surprise); "
+                               "'max' the largest priority seen so far (each new sequence is sampled soon).")
     epsilon_base: float = _f(0.4, "Exploration ladder: env i of N acts epsilon-greedily with base ** (1 + alpha i / "
                              "(N - 1)) (Ape-X, R2D2).")
     epsilon_alpha: float = _f(7.0, "Exploration ladder exponent alpha (see r2d2.epsilon_base).")
@@ -316,6 +319,8 @@ class R2D2Config:
         _require(self.batch_size <= self.learning_starts <= self.replay_size, "r2d2.learning_starts",
                  self.learning_starts, f"must be in [r2d2.batch_size={self.batch_size}, "
                  f"r2d2.replay_size={self.replay_size}]")
+        _require(self.initial_priority in ("actor", "max"), "r2d2.initial_priority", self.initial_priority,
+                 "'actor' or 'max'")
         for name in ("priority_exponent", "importance_exponent", "priority_eta"):
             _require(0.0 <= getattr(self, name) <= 1.0, f"r2d2.{name}", getattr(self, name), "must be in [0, 1]")
         _require(0.0 <= self.epsilon_base <= 1.0, "r2d2.epsilon_base", self.epsilon_base, "must be in [0, 1]")

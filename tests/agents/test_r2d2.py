@@ -11,6 +11,7 @@ import torch
 from rlbalance.agents.r2d2 import (
     PrioritySampler,
     epsilon_ladder,
+    initial_priorities,
     inverse_rescale,
     n_step_double_q_targets,
     rescale,
@@ -104,6 +105,27 @@ def test_double_q_takes_the_online_nets_action_and_the_target_nets_value():
 def test_sequence_priorities_mix_max_and_mean():
     td = torch.tensor([[1.0, -2.0], [-3.0, 0.0], [2.0, 2.0]])
     assert torch.allclose(sequence_priorities(td, 0.9), torch.tensor([0.9 * 3 + 0.1 * 2, 0.9 * 2 + 0.1 * 4 / 3]))
+
+
+def test_new_sequences_priorities_are_the_td_errors_of_the_actors_q_values_after_the_burn_in():
+    """Ape-X / R2D2 / SEED RL: the actors' Q-values stand for both nets; rows of the burn-in carry none, and the last
+    row (whose Q-values belong to the next unroll) only ever bootstraps, so targets stop n rows before it."""
+    rng = np.random.default_rng(3)
+    b, burn, n, t1, a = 3, 2, 2, 9, 4
+    q = rng.normal(0, 2, (b, t1, a)).astype(np.float32)
+    q[:, -1] = 0.0  # as the assembler stores it
+    seqs = {"q": q, "action": rng.integers(0, a, (b, t1)), "reward": rng.normal(0, 1, (b, t1)).astype(np.float32),
+            "done": rng.random((b, t1)) < 0.2}
+    got = initial_priorities(seqs, burn, n, 0.99, eta=0.9)
+    tm = lambda x: np.swapaxes(x, 0, 1)[burn:-1]  # noqa: E731 (time-major, after the burn-in, without the last row)
+    y = _slow_targets(tm(q), tm(q), tm(seqs["reward"]), tm(seqs["done"]), 0.99, n)
+    taken = np.take_along_axis(tm(q), tm(seqs["action"])[..., None], -1)[..., 0][:len(y)]
+    td = np.abs(y - taken)
+    assert y.shape == (t1 - 1 - burn - n, b)
+    assert np.allclose(got, 0.9 * td.max(0) + 0.1 * td.mean(0), atol=1e-5)
+    # a sequence too short for one target, or a replay without Q-values: the replay's largest priority instead
+    assert initial_priorities(seqs, t1 - 1 - n, n, 0.99) is None
+    assert initial_priorities({**seqs, "q": q[..., :0]}, burn, n, 0.99) is None
 
 
 def test_priority_sampler_draws_in_proportion_and_weights_by_importance():
@@ -428,6 +450,38 @@ def test_the_least_exploring_envs_returns_are_reported_apart(cfg_factory):
     again.load_state_dict(agent.state_dict())
     assert list(again.greedy_episodes.returns) == list(agent.greedy_episodes.returns)
     assert again.greedy_episodes.count == len(low) and again.greedy_episodes.mean_return() == pytest.approx(low.mean())
+
+
+@pytest.mark.parametrize("initial", ["actor", "max"])
+def test_the_agent_puts_new_sequences_in_at_the_asked_priority(cfg_factory, initial):
+    from rlbalance.agents.r2d2 import R2D2Agent, SequenceAssembler
+    from rlbalance.agents.registry import build_model
+    from rlbalance.envs.batch import probe_spec
+
+    cfg = _r2d2_cfg(cfg_factory, r2d2={"initial_priority": initial})
+    spec = probe_spec(cfg.env)
+    agent = R2D2Agent(build_model(cfg.learner, spec), cfg, torch.device("cpu"), spec.obs_shape, spec.obs_dtype)
+    t, k = cfg.learner.unroll_length, cfg.actors.envs_per_actor
+    units = (cfg.r2d2.burn_in + cfg.r2d2.sequence_length) // t
+    check = SequenceAssembler(units)
+    for u in range(units):
+        batch = _unroll_batch(t, k, [0], [u], [u * t], obs_dim=spec.obs_shape[0], cut_at=[(2, 0)] if u == 2 else ())
+        batch["reward"] = torch.sin(batch["reward"] * (1 + torch.arange(k)))  # (envs that differ)
+        batch["core"] = torch.zeros(k, agent.model.state_size)
+        batch["logits"] = batch["logits"][..., :spec.num_actions] * torch.cos(torch.arange(k))[:, None]
+        batch["action"] = batch["action"] % spec.num_actions
+        zeros = torch.zeros(t + 1, k)
+        agent.train({**batch, "ep_end": zeros.bool(), "ep_return": zeros, "ep_length": zeros})
+        seqs = check.add(batch)
+    slots = np.arange(k)
+    assert agent.replay.inserted == k and agent.steps_due() == 0
+    stored = agent.replay.sampler.tree[slots + agent.replay.sampler.size]
+    if initial == "actor":
+        want = initial_priorities(seqs, cfg.r2d2.burn_in, cfg.r2d2.n_step, cfg.learner.discount, cfg.r2d2.priority_eta)
+        assert len(set(np.round(want, 6))) == k and want.max() != 1.0
+    else:
+        want = np.ones(k)
+    assert np.allclose(stored, want ** cfg.r2d2.priority_exponent)
 
 
 def train_r2d2(cfg):

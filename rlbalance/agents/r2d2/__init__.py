@@ -13,6 +13,7 @@ from rlbalance.agents.r2d2.algo import (
                                         RESCALE_EPS,
                                         env_epsilons,
                                         epsilon_ladder,
+                                        initial_priorities,
                                         inverse_rescale,
                                         n_step_double_q_targets,
                                         rescale,
@@ -23,5 +24,6 @@ from rlbalance.agents.r2d2.net import R2D2Net
 from rlbalance.agents.r2d2.replay import PrioritySampler, SequenceAssembler, SequenceReplay
 
 __all__ = ["GREEDY_EPSILON", "PrioritySampler", "R2D2", "R2D2Agent", "R2D2Learner", "R2D2Net", "R2D2Settings",
-           "RESCALE_EPS", "SequenceAssembler", "SequenceReplay", "env_epsilons", "epsilon_ladder", "inverse_rescale",
+           "RESCALE_EPS", "SequenceAssembler", "SequenceReplay", "env_epsilons", "epsilon_ladder", "initial_priorities",
+           "inverse_rescale",
            "n_step_double_q_targets", "replay_verdict", "rescale", "sequence_priorities"]

@@ -12,7 +12,7 @@ import torch
 
 from rlbalance.agents.base import Agent, LearnerBase, learning_rate, shape_rewards
 from rlbalance.agents.nets import check_cnn_shape, load_optimizer, resolve_model
-from rlbalance.agents.r2d2.algo import env_epsilons
+from rlbalance.agents.r2d2.algo import env_epsilons, initial_priorities
 from rlbalance.agents.r2d2.learner import R2D2Learner, R2D2Settings
 from rlbalance.agents.r2d2.net import R2D2Net
 from rlbalance.agents.r2d2.replay import SequenceAssembler, SequenceReplay
@@ -110,6 +110,13 @@ class R2D2Agent(LearnerBase):
         out = self.algo.train(seq, weights)
         rp.update_priorities(slots, out["priorities"].numpy(), generation.numpy())
 
+    def new_priorities(self, seqs: dict[str, np.ndarray]) -> np.ndarray | None:
+        """The priorities new sequences enter the replay with (r2d2.initial_priority; None: the replay's largest)."""
+        if self.r.initial_priority != "actor":
+            return None
+        s = self.algo.s
+        return initial_priorities(seqs, s.burn_in, s.n_step, s.discount, s.priority_eta, s.rescale_eps)
+
     def steps_due(self) -> int:
         """The gradient steps the replay ratio asks for now (each samples a batch); with several learner ranks the
         fewest any rank's replay asks for, so that every rank takes as many (their gradients are averaged at each)."""
@@ -125,7 +132,7 @@ class R2D2Agent(LearnerBase):
         t0 = time.perf_counter()
         seqs = self.assembler.add(self._rewards(batch))
         if seqs is not None:
-            self.replay.add(seqs)
+            self.replay.add(seqs, self.new_priorities(seqs))
         t1 = time.perf_counter()
         self.steps += (batch["action"].shape[0] - 1) * batch["action"].shape[1] * self.world  # every rank as many
         self._note_greedy_episodes(batch)

@@ -49,6 +49,28 @@ def sequence_priorities(td: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
     return eta * a.max(dim=0).values + (1.0 - eta) * a.mean(dim=0)
 
 
+def initial_priorities(seqs: dict[str, np.ndarray], burn_in: int, n_step: int, discount: float, eta: float = 0.9,
+                       eps: float = RESCALE_EPS) -> np.ndarray | None:
+    """Priorities [B] of new sequences (batch-major: q [B, T1, A], action, reward, done [B, T1]) from the Q-values
+    the actors acted by, as Ape-X, R2D2 and SEED RL give them: n-step targets from those same values (one estimate
+    stands for both online and target nets), over the rows after the burn-in. The last row's Q-values were never
+    computed for this sequence (that observation is the next unroll's first), so targets stop n rows before it; a
+    time limit's end counts as a terminal here (a priority, not a target).
+    None where fewer than one row would have a target (the replay then gives its largest priority)."""
+    if "q" not in seqs or seqs["q"].shape[-1] == 0:
+        return None
+    cut = slice(burn_in, seqs["q"].shape[1] - 1)
+    rows = {k: torch.from_numpy(np.ascontiguousarray(np.swapaxes(seqs[k][:, cut], 0, 1))) for k in
+            ("q", "action", "reward", "done")}  # time-major [T, B, ...]
+    q = rows["q"].float()
+    if q.shape[0] <= n_step:
+        return None
+    y = n_step_double_q_targets(q, q, rows["reward"].float(), rows["done"], discount, n_step, eps)
+    t = y.shape[0]
+    taken = q[:t].gather(-1, rows["action"][:t].long().unsqueeze(-1)).squeeze(-1)
+    return sequence_priorities(y - taken, eta).numpy().astype(np.float64)
+
+
 def env_epsilons(cfg) -> np.ndarray:
     """Each env's exploration rate [clients, K]: the ladder over all the envs of ``cfg``, in client order (a learner
     rank's config where there are several learner processes: each rank's actors span the whole ladder)."""
