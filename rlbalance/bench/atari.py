@@ -127,6 +127,72 @@ def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
     return doc
 
 
+def return_at(curve: list[dict], frames: float) -> float | None:
+    """A curve's last-100 mean at the last point at or before ``frames`` (None before its first game ended)."""
+    pts = [c for c in curve if c["return"] is not None and c["frames"] <= frames]
+    return pts[-1]["return"] if pts else None
+
+
+def compare_with(out: Path, against: Path, games: tuple[str, ...] = GAMES) -> dict:
+    """An experiment on the preset (``bench atari --set ...`` into ``out``) against other runs of the same games
+    (``against``: another ``bench atari`` folder, e.g. bench/results/atari): per game, each run's last-100 mean at
+    the frames this one reached, and both curves cut there on one figure (``out``/GAME/vs-against.png);
+    compare.json and compare.md in ``out``."""
+    from rlbalance.bench.pong_curve import plot_seeds
+    from rlbalance.core.jsonio import atomic_write_json
+
+    rows = []
+    for game in games:
+        mine, theirs = out / game / "curve.json", against / game / "curve.json"
+        if not (mine.is_file() and theirs.is_file()):
+            continue
+        a, b = json.loads(mine.read_text()), json.loads(theirs.read_text())
+        frames = a["frames"]
+        rows.append({"game": game, "frames": frames, "return": return_at(a["curve"], frames),
+                     "against_return": return_at(b["curve"], frames), "against_frames": b["frames"],
+                     "seed": a["seed"], "against_seed": b["seed"], "overrides": _overrides(out, game, a["seed"]),
+                     "against_overrides": _overrides(against, game, b["seed"]), "fps_median": a["fps_median"],
+                     "against_fps_median": b["fps_median"]})
+        r = rows[-1]
+        names = [f"{_label(r['against_overrides'])} (seed {b['seed']})", f"{_label(r['overrides'])} (seed {a['seed']})"]
+        plot_seeds([theirs, mine], out / game / "vs-against.png", names=names,
+                   title=f"{game}: {names[1]} against {names[0]}", max_frames=frames)
+    doc = {"benchmark": "atari-compare", "against": against.name, "games": rows}
+    atomic_write_json(out / "compare.json", doc)
+    lines = ["# Atari: an experiment on the preset against other runs of the same games, at the frames it reached", "",
+             "| game | frames | this run | last-100 here | against | last-100 there, same frames | seeds |"
+             " median FPS here / there |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['game']} | {r['frames'] / 1e6:.2f}M | {_label(r['overrides'])} | {_f(r['return'])} | "
+                     f"{_label(r['against_overrides'])} | {_f(r['against_return'])} | "
+                     f"{r['seed']} / {r['against_seed']} | {_f(r['fps_median'], 0)} / "
+                     f"{_f(r['against_fps_median'], 0)} |")
+    (out / "compare.md").write_text("\n".join(lines) + "\n")
+    return doc
+
+
+def _label(overrides: dict | None) -> str:
+    if overrides is None:
+        return "?"
+    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "the preset"
+
+
+def _overrides(folder: Path, game: str, seed: int) -> dict | None:
+    """The settings a game's run in a ``bench atari`` folder changed from the preset (``--set``), read from its run
+    directory's config or, where only the results are kept, its policy's; None where neither is there."""
+    found = [p for p in (folder / "runs" / f"{game}-seed{seed}" / "config.json", folder / game / "policy" /
+                         "config.json") if p.is_file()]
+    if not found:
+        return None
+    path = found[0]
+    cfg = json.loads(path.read_text())
+    base = game_config(game, 10_000_000, seed, path.parent)
+    base = json.loads(json.dumps(base.to_dict()))  # (as config.json has it: lists, not tuples)
+    return {f"{sec}.{k}": v for sec in ("env", "actors", "learner") for k, v in cfg.get(sec, {}).items()
+            if base.get(sec, {}).get(k) != v}
+
+
 def _peer(p: dict | None) -> str:
     if not p:
         return "-"

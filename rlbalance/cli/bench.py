@@ -6,6 +6,8 @@
   rlbalance bench pong-curve --from-run RUN    # the same files from a run made with rlbalance train
   rlbalance bench atari                        # Pong, Breakout, BeamRider, SpaceInvaders, Qbert: 10M frames each
   rlbalance bench atari --games Breakout --frames 10000000 --seed 2   # one game; a rerun resumes it
+  rlbalance bench atari --games BeamRider --frames 2500000 --set env.episodic_life=true --out EXP
+      --against bench/results/atari            # an experiment on the preset, against the preset's own run
   rlbalance bench atari-peer --games Pong --until 18 --against bench/results/pong-curve/pong-curve.json
                                                # the CleanRL-style PPO peer on EnvPool, same machine, same axes
   rlbalance bench mujoco-curve                 # HalfCheetah-v5 with the continuous preset, 1M steps: the curve
@@ -48,7 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--games", default="", help="atari: comma-separated ALE game names (default Pong,Breakout,"
                    "BeamRider,SpaceInvaders,Qbert); each trains in OUT/atari/runs/GAME-seedN, resumed by a rerun")
     p.add_argument("--against", default="", help="atari-peer: comma-separated curve files of our runs "
-                   "(pong-curve.json, curve.json) drawn with the peer's on one figure (OUT/atari-peer/GAME/vs-ours.png)")
+                   "(pong-curve.json, curve.json) drawn with the peer's on one figure (OUT/atari-peer/GAME/vs-ours.png); "
+                   "atari: the folder of another bench atari (e.g. bench/results/atari), each game's return there at "
+                   "the frames reached here, OUT/atari/compare.md and GAME/vs-against.png (an experiment with --set "
+                   "against the preset)")
     p.add_argument("--until", type=float, default=None, help="atari-peer: stop a game once the mean return of "
                    "its last 100 games reaches this (e.g. 18 for Pong), else at --frames")
     p.add_argument("--table-only", action="store_true", help="atari: rewrite the table and figure from the curves "
@@ -160,9 +165,18 @@ def run(args: argparse.Namespace) -> int:
         games = tuple(g for g in args.games.split(",") if g) or GAMES
         extra = C.parse_set(args.set)
         C.build(extra)  # a bad override fails here, naming the field, before any run
+        against = Path(args.against) if args.against else None
+        if against is not None and not any((against / g / "curve.json").is_file() for g in games):
+            raise C.ConfigError(f"--against {against}: no GAME/curve.json there for {', '.join(games)}; give the "
+                                "folder of another bench atari (e.g. bench/results/atari)")
         doc = write_table(out / "atari", games) if args.table_only else run_games(games, args.frames, args.seed,
                                                                                     out / "atari", extra=extra)
         print(f"wrote {out / 'atari' / 'atari.md'} ({len(doc['games'])} games)")
+        if against is not None:
+            from rlbalance.bench.atari import compare_with
+
+            cmp = compare_with(out / "atari", against, games)
+            print(f"wrote {out / 'atari' / 'compare.md'} ({len(cmp['games'])} games against {against})")
         return 0
     if args.name == "atari-peer":
         from rlbalance.bench.atari import run_peer

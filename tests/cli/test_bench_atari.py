@@ -49,3 +49,38 @@ def test_an_override_applies_on_top_of_the_preset_and_a_bad_one_stops_before_any
     rc = main(["bench", "atari", "--games", "Breakout", "--frames", "8000", "--out", str(tmp_path / "o"),
                "--set", "env.episodic_lives=true"])
     assert rc != 0 and "episodic_lives" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def _curve(folder, game, seed, points, override=None):
+    """A game's curve files as bench atari writes them, and (``override``) its run's config as --set made it."""
+    (folder / game).mkdir(parents=True)
+    (folder / game / "curve.json").write_text(json.dumps({
+        "seed": seed, "frames": points[-1][0], "final_return_last100": points[-1][1], "best_return_last100": None,
+        "wall_minutes": 1.0, "fps_median": 1000.0 + seed, "outcome": "completed", "milestones": {},
+        "curve": [{"frames": f, "return": r, "wall_s": f / 1000} for f, r in points]}))
+    if override is not None:
+        from rlbalance import config as C
+
+        cfg = atari.game_config(game, 10_000_000, seed, folder / "runs", C.parse_set(override))
+        run = folder / "runs" / f"{game}-seed{seed}"
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+
+
+def test_an_experiment_is_compared_with_the_presets_run_at_the_frames_it_reached(tmp_path, capsys):
+    base, exp = tmp_path / "results" / "atari", tmp_path / "exp" / "atari"
+    _curve(base, "BeamRider", 1, [(1e6, None), (2e6, 500.0), (3e6, 550.0), (10e6, 600.0)], override=[])
+    _curve(exp, "BeamRider", 1, [(1e6, 300.0), (2.5e6, 700.0)], override=["env.episodic_life=true"])
+    doc = atari.compare_with(exp, base, ("Pong", "BeamRider"))
+    (row,) = doc["games"]  # Pong has no curve in either: no row
+    assert row["frames"] == 2.5e6 and row["return"] == 700.0
+    assert row["against_return"] == 500.0  # its last point at or before 2.5M frames, not its final 600
+    assert row["overrides"] == {"env.episodic_life": True} and row["against_overrides"] == {}
+    text = (exp / "compare.md").read_text()
+    assert "| BeamRider | 2.50M | env.episodic_life=True | 700.0 | the preset | 500.0 |" in text
+    assert (exp / "BeamRider" / "vs-against.png").stat().st_size > 0
+    assert json.loads((exp / "compare.json").read_text())["games"] == doc["games"]
+    # a folder with no curve of the asked games is refused before any run
+    rc = main(["bench", "atari", "--games", "Qbert", "--frames", "8000", "--out", str(tmp_path / "o"),
+               "--against", str(base)])
+    assert rc != 0 and "--against" in capsys.readouterr().err and not (tmp_path / "o").exists()
