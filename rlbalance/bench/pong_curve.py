@@ -153,11 +153,16 @@ def _plot(rows: list[dict], result: dict, path: Path, milestones: tuple[float, .
     import matplotlib.pyplot as plt
 
     pong = "Pong" in result["env"]
+    from rlbalance.config.env_ids import is_atari
+
+    # an Atari curve counts frames (4 per agent step), any other env's its env steps
+    xlabel = "frames (millions)" if is_atari(result["env"]) else "env steps (millions)"
+    rate = "FPS" if is_atari(result["env"]) else "steps/s"
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     ret = [(r["frames"] / 1e6, r["wall_s"] / 60, r["return"]) for r in rows if r["return"] is not None]
     greedy = [(r["frames"] / 1e6, r["wall_s"] / 60, r["return_greedy"]) for r in rows
               if r.get("return_greedy") is not None]
-    for ax, xi, label in ((axes[0][0], 0, "frames (millions)" if pong else "env steps (millions)"),
+    for ax, xi, label in ((axes[0][0], 0, xlabel),
                           (axes[0][1], 1, "wall time (minutes)")):
         ax.plot([p[xi] for p in ret], [p[2] for p in ret], color="C0", label="all envs")
         if greedy:
@@ -173,8 +178,7 @@ def _plot(rows: list[dict], result: dict, path: Path, milestones: tuple[float, .
         ax.grid(alpha=0.3)
     axes[0][0].set_title(f"{result['env']}, {result.get('agent', 'vtrace')}, preset {result['preset']}, "
                          f"seed {result['seed']}")
-    axes[0][1].set_title(f"median {result['fps_median'] or 0:,.0f} {'FPS' if pong else 'steps/s'} on this machine")
-    xlabel = "frames (millions)" if pong else "env steps (millions)"
+    axes[0][1].set_title(f"median {result['fps_median'] or 0:,.0f} {rate} on this machine")
     ent = [(r["frames"] / 1e6, r["entropy"]) for r in rows if r["entropy"] is not None]
     if ent or not any(r.get("q_mean") is not None for r in rows):  # a policy-gradient agent: its entropy
         axes[1][0].plot([p[0] for p in ent], [p[1] for p in ent], color="C1")
@@ -190,7 +194,7 @@ def _plot(rows: list[dict], result: dict, path: Path, milestones: tuple[float, .
     axes[1][0].grid(alpha=0.3)
     lag = [(r["frames"] / 1e6, r["policy_lag"]) for r in rows if r["policy_lag"] is not None]
     axes[1][1].plot([p[0] for p in lag], [p[1] for p in lag], color="C2")
-    axes[1][1].set_xlabel("frames (millions)" if pong else "env steps (millions)")
+    axes[1][1].set_xlabel(xlabel)
     axes[1][1].set_ylabel("policy lag (learner updates)")
     axes[1][1].grid(alpha=0.3)
     fig.tight_layout()
