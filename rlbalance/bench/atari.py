@@ -189,7 +189,9 @@ def _overrides(folder: Path, game: str, seed: int) -> dict | None:
     cfg = json.loads(path.read_text())
     base = game_config(game, 10_000_000, seed, path.parent)
     base = json.loads(json.dumps(base.to_dict()))  # (as config.json has it: lists, not tuples)
-    return {f"{sec}.{k}": v for sec in ("env", "actors", "learner") for k, v in cfg.get(sec, {}).items()
+    # every section a --set can change, but not where the run went, how it reported, or what it resolved per machine
+    sections = [s for s in base if isinstance(base[s], dict) and s not in ("run", "telemetry", "resolved")]
+    return {f"{sec}.{k}": v for sec in sections for k, v in cfg.get(sec, {}).items()
             if base.get(sec, {}).get(k) != v}
 
 
