@@ -164,7 +164,10 @@ def run(args: argparse.Namespace) -> int:
 
         games = tuple(g for g in args.games.split(",") if g) or GAMES
         extra = C.parse_set(args.set)
-        C.build(extra)  # a bad override fails here, naming the field, before any run
+        from rlbalance.bench.atari import game_config
+
+        for g in games:  # a bad override fails here, naming the field, before any run: on the Atari preset it runs on
+            game_config(g, args.frames, args.seed, out / "atari" / "runs", extra)
         against = Path(args.against) if args.against else None
         if against is not None and not any((against / g / "curve.json").is_file() for g in games):
             raise C.ConfigError(f"--against {against}: no GAME/curve.json there for {', '.join(games)}; give the "

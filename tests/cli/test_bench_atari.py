@@ -49,6 +49,11 @@ def test_an_override_applies_on_top_of_the_preset_and_a_bad_one_stops_before_any
     rc = main(["bench", "atari", "--games", "Breakout", "--frames", "8000", "--out", str(tmp_path / "o"),
                "--set", "env.episodic_lives=true"])
     assert rc != 0 and "episodic_lives" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    # an override is checked against the Atari preset it will run on (16 envs per actor), not the plain defaults
+    rc = main(["bench", "atari", "--games", "Breakout", "--frames", "8000", "--out", str(tmp_path / "o"),
+               "--set", "learner.batch_size=52"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "learner.batch_size" in err and "envs_per_actor=16" in err and not (tmp_path / "o").exists()
 
 
 def _curve(folder, game, seed, points, override=None):
