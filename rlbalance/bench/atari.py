@@ -192,7 +192,7 @@ def _overrides(folder: Path, game: str, seed: int) -> dict | None:
     # every section a --set can change, but not where the run went, how it reported, or what it resolved per machine
     sections = [s for s in base if isinstance(base[s], dict) and s not in ("run", "telemetry", "resolved")]
     return {f"{sec}.{k}": v for sec in sections for k, v in cfg.get(sec, {}).items()
-            if base.get(sec, {}).get(k) != v}
+            if base[sec].get(k) != v}
 
 
 def _peer(p: dict | None) -> str:

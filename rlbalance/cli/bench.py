@@ -160,12 +160,10 @@ def run(args: argparse.Namespace) -> int:
             print(run_mujoco_curve(args.steps or 1_000_000, args.seed, out, extra=C.parse_set(args.set) or None))
         return 0
     if args.name == "atari":
-        from rlbalance.bench.atari import GAMES, run_games, write_table
+        from rlbalance.bench.atari import GAMES, game_config, run_games, write_table
 
         games = tuple(g for g in args.games.split(",") if g) or GAMES
         extra = C.parse_set(args.set)
-        from rlbalance.bench.atari import game_config
-
         for g in games:  # a bad override fails here, naming the field, before any run: on the Atari preset it runs on
             game_config(g, args.frames, args.seed, out / "atari" / "runs", extra)
         against = Path(args.against) if args.against else None

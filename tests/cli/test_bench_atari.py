@@ -75,14 +75,17 @@ def _curve(folder, game, seed, points, override=None):
 def test_an_experiment_is_compared_with_the_presets_run_at_the_frames_it_reached(tmp_path, capsys):
     base, exp = tmp_path / "results" / "atari", tmp_path / "exp" / "atari"
     _curve(base, "BeamRider", 1, [(1e6, None), (2e6, 500.0), (3e6, 550.0), (10e6, 600.0)], override=[])
-    _curve(exp, "BeamRider", 1, [(1e6, 300.0), (2.5e6, 700.0)], override=["env.episodic_life=true", "r2d2.initial_priority=max"])
+    _curve(exp, "BeamRider", 1, [(1e6, 300.0), (2.5e6, 700.0)],
+           override=["env.episodic_life=true", "r2d2.initial_priority=max"])
     doc = atari.compare_with(exp, base, ("Pong", "BeamRider"))
     (row,) = doc["games"]  # Pong has no curve in either: no row
     assert row["frames"] == 2.5e6 and row["return"] == 700.0
     assert row["against_return"] == 500.0  # its last point at or before 2.5M frames, not its final 600
-    assert row["overrides"] == {"env.episodic_life": True, "r2d2.initial_priority": "max"} and row["against_overrides"] == {}
+    assert row["overrides"] == {"env.episodic_life": True, "r2d2.initial_priority": "max"}
+    assert row["against_overrides"] == {}
     text = (exp / "compare.md").read_text()
-    assert "| BeamRider | 2.50M | env.episodic_life=True, r2d2.initial_priority=max | 700.0 | the preset | 500.0 |" in text
+    assert ("| BeamRider | 2.50M | env.episodic_life=True, r2d2.initial_priority=max | 700.0 | the preset | 500.0 |"
+            in text)
     assert (exp / "BeamRider" / "vs-against.png").stat().st_size > 0
     assert json.loads((exp / "compare.json").read_text())["games"] == doc["games"]
     # a folder with no curve of the asked games is refused before any run
