@@ -208,6 +208,12 @@ class LearnerConfig:
                           "(shuffled after the first pass).")
     ppo_clip: float = _f(0.0, "0: the V-trace policy gradient. > 0: PPO's clipped surrogate on the ratio to the "
                          "behaviour policy with V-trace advantages (APPO), clipped to 1 +/- this.")
+    ppo_clip_reference: str = _f("behaviour", "With learner.ppo_clip: the policy the ratio is clipped around. "
+                                 "'behaviour': the policy that acted (APPO as in Sample Factory; a lagging actor "
+                                 "starts some steps already clipped). 'proximal': the learner's own policy at each "
+                                 "unroll's first pass in this update, with the surrogate weighted by that policy over "
+                                 "the behaviour one, capped at learner.clip_pg_rho (decoupled PPO, Hilton et al. "
+                                 "2021): every update starts at a ratio of 1, as a synchronous PPO's does.")
     normalize_advantages: bool = _f(True, "Normalize the policy-gradient advantages over each batch (zero mean, unit "
                                     "std); makes the policy step independent of the reward scale.")
     reward_clip: float = _f(0.0, "Clip rewards to [-x, x] (0: no clipping; Atari uses 1).")
@@ -263,6 +269,8 @@ class LearnerConfig:
         _require(self.batch_size % self.minibatches == 0, "learner.minibatches", self.minibatches,
                  f"must divide learner.batch_size={self.batch_size} (equal parts of whole unrolls)")
         _require(0.0 <= self.ppo_clip < 1.0, "learner.ppo_clip", self.ppo_clip, "must be in [0, 1) (0: off)")
+        _require(self.ppo_clip_reference in ("behaviour", "proximal"), "learner.ppo_clip_reference",
+                 self.ppo_clip_reference, "'behaviour' or 'proximal'")
         _require(self.core in ("none", "lstm"), "learner.core", self.core, "'none' or 'lstm'")
         _require(self.core_size >= 1, "learner.core_size", self.core_size, "must be >= 1")
         _require(self.data_parallel in ("auto", "ddp"), "learner.data_parallel", self.data_parallel,

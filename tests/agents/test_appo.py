@@ -69,3 +69,54 @@ def test_epochs_and_minibatches_take_that_many_optimizer_steps_on_whole_unrolls(
     assert [fresh for _, fresh in seen] == [True] * 4 + [False] * 8  # targets from the first pass, then reused
     assert 0.0 <= stats["clip_fraction"] <= 1.0
     assert learner.steps == 5 * 8  # env steps count once, however many passes
+
+
+def _step_pair(**cfgs):
+    """One train() call per named config on copies of one model and one off-policy batch (behaviour logits
+    drawn at random, so the importance weights are far from 1); the learners after it."""
+    spec = EnvSpec((4,), np.dtype(np.float32), 2, 1)
+    torch.manual_seed(0)
+    model = build_model(C.LearnerConfig(), spec)
+    batch = _batch(seed=3)
+    out = {}
+    for name, kw in cfgs.items():
+        cfg = C.LearnerConfig(batch_size=8, lr_schedule="constant", **kw)
+        learner = Learner(copy.deepcopy(model), cfg, torch.device("cpu"), total_steps=10**6)
+        out[name] = (learner, learner.train(batch))
+    return out
+
+
+def _same_weights(a, b):
+    return all(torch.allclose(p1, p2, atol=1e-6) for p1, p2 in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_proximal_clip_reference_starts_at_ratio_one_and_makes_the_vtrace_step_off_policy():
+    """Decoupled PPO: in one pass the ratio to the proximal policy (this pass's own) is 1, and the weight
+    min(clip_pg_rho, pi/mu) turns the surrogate's gradient into the V-trace policy gradient's, even off-policy.
+    Clipping around the behaviour policy instead does not (its ratios start far from 1)."""
+    plain = dict(normalize_advantages=False)
+    r = _step_pair(vtrace=dict(ppo_clip=0.0, **plain),
+                   proximal=dict(ppo_clip=0.1, ppo_clip_reference="proximal", **plain),
+                   behaviour=dict(ppo_clip=0.1, ppo_clip_reference="behaviour", **plain))
+    assert r["proximal"][1]["clip_fraction"] == 0.0 and r["behaviour"][1]["clip_fraction"] > 0.2
+    assert _same_weights(r["proximal"][0], r["vtrace"][0])
+    assert not _same_weights(r["behaviour"][0], r["vtrace"][0])
+
+
+def test_proximal_clip_reference_clips_later_epochs_around_the_first_pass():
+    """With several passes the proximal reference is the first pass's policy: its clip fraction counts only
+    what the update itself moved (0 in the first pass), far below the behaviour reference's on lagged data."""
+    r = _step_pair(proximal=dict(ppo_clip=0.1, ppo_clip_reference="proximal", epochs=3, minibatches=2,
+                                 learning_rate=1e-2),
+                   behaviour=dict(ppo_clip=0.1, ppo_clip_reference="behaviour", epochs=3, minibatches=2,
+                                  learning_rate=1e-2))
+    prox, beh = r["proximal"][1]["clip_fraction"], r["behaviour"][1]["clip_fraction"]
+    assert prox < beh and beh > 0.2, (prox, beh)
+    assert not _same_weights(r["proximal"][0], r["behaviour"][0])
+
+
+def test_clip_reference_is_checked():
+    import pytest
+
+    with pytest.raises(C.ConfigError, match="learner.ppo_clip_reference"):
+        C.LearnerConfig(ppo_clip_reference="target")

@@ -64,9 +64,10 @@ class Learner(LearnerBase):
         return batch_to(batch, device or self.device)
 
     def loss(self, b: dict[str, torch.Tensor], model: torch.nn.Module | None = None,
-             targets: tuple[torch.Tensor, torch.Tensor] | None = None
-             ) -> tuple[torch.Tensor, dict, tuple[torch.Tensor, torch.Tensor]]:
-        """The loss on unrolls ``b`` and the V-trace targets (vs, advantages) it used.
+             targets: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, dict, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The loss on unrolls ``b`` and the targets it used: V-trace's (vs, advantages) and the log-probabilities
+        of the actions under this pass's policy (the proximal policy of ``learner.ppo_clip_reference``).
 
         ``targets`` from an earlier pass over the same unrolls are reused (later epochs), as PPO reuses
         its advantages; without them they are computed from this forward pass."""
@@ -88,13 +89,22 @@ class Learner(LearnerBase):
         target_logp = dist.log_prob(logits[:t], actions)
         behaviour_logp = dist.log_prob(b["logits"][:t].float(), actions)
         if targets is None:  # (no gradients there: the module itself, not its DDP wrapper)
-            targets = self._targets(b, getattr(model, "module", model), target_logp.detach() - behaviour_logp,
-                                    values.detach(), None if states is None else states.detach())
-        vs, adv = targets
+            targets = (*self._targets(b, getattr(model, "module", model), target_logp.detach() - behaviour_logp,
+                                      values.detach(), None if states is None else states.detach()),
+                       target_logp.detach())
+        vs, adv, proximal_logp = targets
         if cfg.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         stats: dict[str, torch.Tensor] = {}
-        if cfg.ppo_clip:
+        if cfg.ppo_clip and cfg.ppo_clip_reference == "proximal":
+            # Decoupled PPO (Hilton et al. 2021): clipped around the policy of the first pass, reweighted to the
+            # behaviour policy's data by their ratio (capped as V-trace caps its policy-gradient weight).
+            ratio = torch.exp(target_logp - proximal_logp)
+            weight = torch.exp(proximal_logp - behaviour_logp).clamp(max=cfg.clip_pg_rho)
+            surrogate = torch.min(ratio * adv, ratio.clamp(1 - cfg.ppo_clip, 1 + cfg.ppo_clip) * adv)
+            pg_loss = -(weight * surrogate).mean()
+            stats["clip_fraction"] = ((ratio - 1).abs() > cfg.ppo_clip).float().mean()
+        elif cfg.ppo_clip:
             # Clipped surrogate on the ratio to the behaviour policy (APPO, as in Sample Factory).
             ratio = torch.exp(target_logp - behaviour_logp)
             surrogate = torch.min(ratio * adv, ratio.clamp(1 - cfg.ppo_clip, 1 + cfg.ppo_clip) * adv)
@@ -149,7 +159,7 @@ class Learner(LearnerBase):
         self._update_obs_norm(b["obs"])
         n = b["action"].shape[1]
         m = cfg.minibatches
-        vs = adv = None
+        vs = adv = lp = None
         sums: dict[str, torch.Tensor] = {}
         fwd_bwd = optim = 0.0
         steps = 0
@@ -158,12 +168,12 @@ class Learner(LearnerBase):
             for cols in order.chunk(m):
                 ta = time.perf_counter()
                 mb = b if m == 1 else self._columns(b, cols, targets_needed=epoch == 0)
-                targets = None if epoch == 0 else (vs[:, cols], adv[:, cols])
-                total, stats, (mvs, madv) = self.loss(mb, targets=targets)
+                targets = None if epoch == 0 else (vs[:, cols], adv[:, cols], lp[:, cols])
+                total, stats, (mvs, madv, mlp) = self.loss(mb, targets=targets)
                 if epoch == 0 and cfg.epochs > 1:
                     if vs is None:
-                        vs, adv = (torch.empty((mvs.shape[0], n), device=mvs.device) for _ in range(2))
-                    vs[:, cols], adv[:, cols] = mvs, madv
+                        vs, adv, lp = (torch.empty((mvs.shape[0], n), device=mvs.device) for _ in range(3))
+                    vs[:, cols], adv[:, cols], lp[:, cols] = mvs, madv, mlp
                 self._check_finite(total, stats, mb)
                 clear_grads(self.params)
                 total.backward()
