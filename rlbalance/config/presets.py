@@ -114,7 +114,8 @@ def resolve(name: str, env_id: str, imports: tuple[str, ...] = ()) -> str:
 ENV_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # Pendulum's horizon is short and its reward dense: discount 0.95 (the Zoo uses 0.9) and lr 6e-4. Serial
     # runs, 300k steps, seed 0: -228 (this), -370 (the preset's 0.99 and 3e-4); 0.95 with 3e-4: -285 at 200k
-    # (bench/results/pendulum/). Seeds 0-4 on a 2-vCPU AMD EPYC: -354, -183, -215, -175, -297 (bench/results/pendulum-seeds/).
+    # (bench/results/pendulum/). Seeds 0-4 on a 2-vCPU AMD EPYC: -354, -183, -215, -175, -297
+    # (bench/results/pendulum-seeds/).
     "Pendulum-v1": {"learner": {"discount": 0.95, "learning_rate": 6e-4}},
     # CartPole without velocities (rlbalance's memory task): the classic preset's APPO settings with Adam 1e-3.
     # Serial runs, 150k steps, LSTM 64: the LSTM learns and feed-forward stays near 50 (`rlbalance bench memory`,
