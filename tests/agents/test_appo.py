@@ -4,6 +4,7 @@ policy gradient on-policy, and epochs x minibatches (V-trace lambda: tests/agent
 import copy
 
 import numpy as np
+import pytest
 import torch
 
 from rlbalance import config as C
@@ -38,8 +39,7 @@ def test_clipped_surrogate_on_policy_makes_the_vtrace_policy_gradient_step():
         learners.append(Learner(copy.deepcopy(model), cfg, torch.device("cpu"), total_steps=10**6))
     stats = [lr.train(batch) for lr in learners]
     assert stats[1]["clip_fraction"] == 0.0
-    for p1, p2 in zip(learners[0].model.parameters(), learners[1].model.parameters()):
-        assert torch.allclose(p1, p2, atol=1e-6)
+    assert _same_weights(*learners)
 
 
 def test_epochs_and_minibatches_take_that_many_optimizer_steps_on_whole_unrolls():
@@ -116,7 +116,5 @@ def test_proximal_clip_reference_clips_later_epochs_around_the_first_pass():
 
 
 def test_clip_reference_is_checked():
-    import pytest
-
     with pytest.raises(C.ConfigError, match="learner.ppo_clip_reference"):
         C.LearnerConfig(ppo_clip_reference="target")

@@ -96,18 +96,15 @@ class Learner(LearnerBase):
         if cfg.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         stats: dict[str, torch.Tensor] = {}
-        if cfg.ppo_clip and cfg.ppo_clip_reference == "proximal":
-            # Decoupled PPO (Hilton et al. 2021): clipped around the policy of the first pass, reweighted to the
-            # behaviour policy's data by their ratio (capped as V-trace caps its policy-gradient weight).
-            ratio = torch.exp(target_logp - proximal_logp)
-            weight = torch.exp(proximal_logp - behaviour_logp).clamp(max=cfg.clip_pg_rho)
+        if cfg.ppo_clip:
+            # Clipped surrogate on the ratio to the behaviour policy (APPO, as in Sample Factory), or to the policy
+            # of the first pass, reweighted to the behaviour policy's data by their ratio (capped as V-trace caps its
+            # policy-gradient weight): decoupled PPO (Hilton et al. 2021).
+            proximal = cfg.ppo_clip_reference == "proximal"
+            ratio = torch.exp(target_logp - (proximal_logp if proximal else behaviour_logp))
             surrogate = torch.min(ratio * adv, ratio.clamp(1 - cfg.ppo_clip, 1 + cfg.ppo_clip) * adv)
-            pg_loss = -(weight * surrogate).mean()
-            stats["clip_fraction"] = ((ratio - 1).abs() > cfg.ppo_clip).float().mean()
-        elif cfg.ppo_clip:
-            # Clipped surrogate on the ratio to the behaviour policy (APPO, as in Sample Factory).
-            ratio = torch.exp(target_logp - behaviour_logp)
-            surrogate = torch.min(ratio * adv, ratio.clamp(1 - cfg.ppo_clip, 1 + cfg.ppo_clip) * adv)
+            if proximal:
+                surrogate = torch.exp(proximal_logp - behaviour_logp).clamp(max=cfg.clip_pg_rho) * surrogate
             pg_loss = -surrogate.mean()
             stats["clip_fraction"] = ((ratio - 1).abs() > cfg.ppo_clip).float().mean()
         else:
