@@ -212,7 +212,7 @@ def plot_seeds(results: list[Path], path: Path, names: list[str] | None = None,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8 + 0.25 * len(results)), sharey=True)
     for i, p in enumerate(results):
         r = json.loads(Path(p).read_text())
         pts = [c for c in r["curve"] if c["return"] is not None and (max_frames is None or c["frames"] <= max_frames)]
@@ -240,8 +240,10 @@ def plot_seeds(results: list[Path], path: Path, names: list[str] | None = None,
     a.set_xlabel("env frames (millions)")
     b.set_xlabel("wall time (minutes, this 2-vCPU machine)")
     a.set_ylabel("mean return, last 100 games")
-    a.legend(fontsize=8, loc="lower right")
+    # the legend under both panels: a long label (an experiment's settings) would cover the curves or the axis
+    handles, labels = a.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=1, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, min(0.45, 0.045 * len(labels) + 0.02), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
