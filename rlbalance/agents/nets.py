@@ -133,6 +133,16 @@ def select_columns(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor
     return x.index_select(dim, idx)
 
 
+def select_steps(x: torch.Tensor, t: int, idx: torch.Tensor) -> torch.Tensor:
+    """Steps ``idx`` of the first ``t`` rows of [T+1, N, ...] unrolls, numbered time-major (step ``s * N + j`` is
+    row s of column j), as [1, len(idx), ...]: a minibatch of single steps drawn from across the batch, as PPO
+    shuffles its rollout. Frames stored channels-last (``prepared_frames``) stay so."""
+    if x.dim() == 5 and x.stride(2) == 1 and x.shape[2] > 1:
+        nhwc = x[:t].permute(0, 1, 3, 4, 2)
+        return nhwc.reshape(-1, *nhwc.shape[2:]).index_select(0, idx).unsqueeze(0).permute(0, 1, 4, 2, 3)
+    return x[:t].reshape(-1, *x.shape[2:]).index_select(0, idx).unsqueeze(0)
+
+
 def make_adam(params, lr: float, eps: float, device: torch.device) -> torch.optim.Adam:
     """Adam as every learner takes it: the fused kernel (one pass over all parameters per step instead of a loop
     of small kernels per tensor; ~4x cheaper a step on a CPU for the Nature CNN, bench/results/precision/), the

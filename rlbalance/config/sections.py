@@ -206,6 +206,12 @@ class LearnerConfig:
                      "that many times the learner's compute). Targets come from the first pass.")
     minibatches: int = _f(1, "Optimizer steps per pass: the batch's unrolls split into this many equal parts "
                           "(shuffled after the first pass).")
+    minibatch_split: str = _f("unrolls", "How the passes after the first split a batch into learner.minibatches "
+                              "parts. 'unrolls': whole unrolls, shuffled per pass (each part holds a few envs' "
+                              "consecutive steps). 'steps': single steps drawn from across the whole batch, as PPO "
+                              "shuffles its rollout, so each part spans every env and every time of the batch; a "
+                              "feed-forward model only (learner.core=none), with learner.epochs > 1. The first pass "
+                              "keeps whole unrolls: it computes the V-trace targets over them.")
     ppo_clip: float = _f(0.0, "0: the V-trace policy gradient. > 0: PPO's clipped surrogate on the ratio to the "
                          "behaviour policy with V-trace advantages (APPO), clipped to 1 +/- this.")
     ppo_clip_reference: str = _f("behaviour", "With learner.ppo_clip: the policy the ratio is clipped around. "
@@ -214,8 +220,8 @@ class LearnerConfig:
                                  "unroll's first pass in this update, with the surrogate weighted by that policy over "
                                  "the behaviour one, capped at learner.clip_pg_rho (decoupled PPO, Hilton et al. "
                                  "2021): every update starts at a ratio of 1, as a synchronous PPO's does.")
-    normalize_advantages: bool = _f(True, "Normalize the policy-gradient advantages over each batch (zero mean, unit "
-                                    "std); makes the policy step independent of the reward scale.")
+    normalize_advantages: bool = _f(True, "Normalize the policy-gradient advantages over each minibatch (zero mean, "
+                                    "unit std); makes the policy step independent of the reward scale.")
     reward_clip: float = _f(0.0, "Clip rewards to [-x, x] (0: no clipping; Atari uses 1).")
     reward_scale: float = _f(1.0, "Multiply rewards by this before clipping and learning (returns and reports stay "
                              "in the env's units); keeps the value loss of large-reward tasks in range.")
@@ -269,6 +275,15 @@ class LearnerConfig:
         _require(self.batch_size % self.minibatches == 0, "learner.minibatches", self.minibatches,
                  f"must divide learner.batch_size={self.batch_size} (equal parts of whole unrolls)")
         _require(0.0 <= self.ppo_clip < 1.0, "learner.ppo_clip", self.ppo_clip, "must be in [0, 1) (0: off)")
+        _require(self.minibatch_split in ("unrolls", "steps"), "learner.minibatch_split", self.minibatch_split,
+                 "'unrolls' or 'steps'")
+        if self.minibatch_split == "steps":
+            _require(self.core == "none", "learner.minibatch_split", self.minibatch_split,
+                     "'steps' needs a feed-forward model: a recurrent core (learner.core=lstm) runs over whole "
+                     "unrolls; use 'unrolls', or learner.core=none")
+            _require(self.epochs > 1, "learner.minibatch_split", self.minibatch_split,
+                     "'steps' splits the passes after the first, and learner.epochs=1 has none; set "
+                     "learner.epochs above 1, or use 'unrolls'")
         _require(self.ppo_clip_reference in ("behaviour", "proximal"), "learner.ppo_clip_reference",
                  self.ppo_clip_reference, "'behaviour' or 'proximal'")
         _require(self.core in ("none", "lstm"), "learner.core", self.core, "'none' or 'lstm'")

@@ -118,3 +118,79 @@ def test_proximal_clip_reference_clips_later_epochs_around_the_first_pass():
 def test_clip_reference_is_checked():
     with pytest.raises(C.ConfigError, match="learner.ppo_clip_reference"):
         C.LearnerConfig(ppo_clip_reference="target")
+
+
+def test_steps_split_takes_single_steps_from_across_the_batch_after_the_first_pass():
+    """learner.minibatch_split='steps': the first pass over whole unrolls (it computes the targets), each later
+    pass over single steps that together cover the batch's T x N steps once, each part spanning many unrolls."""
+    spec = EnvSpec((4,), np.dtype(np.float32), 2, 1)
+    torch.manual_seed(0)
+    model = build_model(C.LearnerConfig(), spec)
+    cfg = C.LearnerConfig(ppo_clip=0.1, epochs=3, minibatches=4, batch_size=8, lr_schedule="constant",
+                          minibatch_split="steps")
+    learner = Learner(copy.deepcopy(model), cfg, torch.device("cpu"), total_steps=10**6)
+    batch = _batch(n=8)
+    where = {tuple(batch["obs"][s, j].tolist()): (s, j) for s in range(5) for j in range(8)}  # obs -> (time, unroll)
+    seen = []
+    real_loss = learner.loss
+
+    def loss(b, model=None, targets=None):
+        seen.append((tuple(b["action"].shape), targets is None, [where.get(tuple(o.tolist())) for o in b["obs"][0]]))
+        return real_loss(b, model, targets)
+
+    learner.loss = loss
+    learner.train(batch)
+    assert [(shape, fresh) for shape, fresh, _ in seen[:4]] == [((6, 2), True)] * 4  # whole unrolls first
+    later = seen[4:]
+    assert [(shape, fresh) for shape, fresh, _ in later] == [((1, 10), False)] * 8  # 40 steps / 4 parts, reused targets
+    for p in range(2):  # each later pass covers every step of the batch exactly once
+        steps = [s for _, _, part in later[4 * p:4 * p + 4] for s in part]
+        assert sorted(steps) == sorted(where.values())
+    assert max(len({j for _, j in part}) for _, _, part in later) > 2  # an unroll part would hold 2 unrolls
+    assert max(len({s for s, _ in part}) for _, _, part in later) > 1
+
+
+def test_steps_split_loss_on_shuffled_steps_equals_the_loss_on_the_unrolls():
+    """The loss on single steps (no bootstrap row, the targets passed along) over all of a batch's steps in a
+    shuffled order equals the loss on the unrolls they came from: each step meets its own targets."""
+    from rlbalance.agents.nets import select_steps
+
+    spec = EnvSpec((4,), np.dtype(np.float32), 2, 1)
+    torch.manual_seed(0)
+    model = build_model(C.LearnerConfig(), spec)
+    cfg = C.LearnerConfig(ppo_clip=0.1, batch_size=8, lr_schedule="constant")
+    learner = Learner(model, cfg, torch.device("cpu"), total_steps=10**6)
+    b = _batch(seed=5)
+    with torch.no_grad():
+        total, stats, targets = learner.loss(b)
+        idx = torch.randperm(5 * 8, generator=torch.Generator().manual_seed(2))
+        flat = {k: select_steps(b[k], 5, idx) for k in ("obs", "action", "logits", "reward")}
+        flat_targets = tuple(x.reshape(-1)[idx].unsqueeze(0) for x in targets)
+        total2, stats2, _ = learner.loss(flat, targets=flat_targets)
+        wrong = tuple(x.reshape(-1).unsqueeze(0) for x in targets)  # the targets in the unshuffled order
+        total3, _, _ = learner.loss(flat, targets=wrong)
+    for k in ("pg_loss", "baseline_loss", "entropy"):
+        assert torch.allclose(stats[k], stats2[k], atol=1e-6), k
+    assert torch.allclose(total, total2, atol=1e-6)
+    assert not torch.allclose(total, total3, atol=1e-4)
+
+
+def test_select_steps_keeps_channels_last_frames():
+    from rlbalance.agents.nets import prepared_frames, select_steps
+
+    x = torch.randint(0, 256, (4, 3, 4, 6, 5), dtype=torch.uint8)
+    frames = prepared_frames(x, "fp32")
+    idx = torch.tensor([7, 0, 4])
+    out = select_steps(frames, 3, idx)
+    assert out.shape == (1, 3, 4, 6, 5) and out.stride(2) == 1
+    want = x[:3].reshape(9, 4, 6, 5)[idx].float() / 255.0
+    assert torch.allclose(out[0], want)
+
+
+def test_steps_split_is_checked():
+    with pytest.raises(C.ConfigError, match="learner.minibatch_split"):
+        C.LearnerConfig(minibatch_split="rows")
+    with pytest.raises(C.ConfigError, match="feed-forward"):
+        C.LearnerConfig(minibatch_split="steps", epochs=4, core="lstm")
+    with pytest.raises(C.ConfigError, match="learner.epochs"):
+        C.LearnerConfig(minibatch_split="steps", epochs=1)

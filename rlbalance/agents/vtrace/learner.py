@@ -9,7 +9,7 @@ import torch
 
 from rlbalance.agents.base import LearnerBase, learning_rate, shape_rewards
 from rlbalance.agents.nets import (batch_to, clear_grads, clip_grads, load_optimizer, make_adam, prepared_frames,
-                                   select_columns)
+                                   select_columns, select_steps)
 from rlbalance.agents.vtrace.model import ActorCritic
 from rlbalance.agents.vtrace.vtrace import vtrace
 from rlbalance.config import LearnerConfig
@@ -70,11 +70,12 @@ class Learner(LearnerBase):
         of the actions under this pass's policy (the proximal policy of ``learner.ppo_clip_reference``).
 
         ``targets`` from an earlier pass over the same unrolls are reused (later epochs), as PPO reuses
-        its advantages; without them they are computed from this forward pass."""
+        its advantages; without them they are computed from this forward pass. With targets, ``b`` may hold just
+        the steps they are for, without a bootstrap row (``learner.minibatch_split='steps'``: [1, k])."""
         cfg = self.cfg
         model = model or self.train_model
         t1, n = b["action"].shape[:2]
-        t = t1 - 1
+        t = t1 - 1 if targets is None else targets[0].shape[0]
         states = None
         if self.model.recurrent:  # the core over each unroll from the state the actor recorded at its row 0
             first = torch.zeros_like(b["done"])
@@ -142,7 +143,8 @@ class Learner(LearnerBase):
 
     def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One update on a batch already in host memory: ``epochs`` passes, each over ``minibatches`` parts of
-        the batch (whole unrolls, shuffled per epoch), one optimizer step each. Returns loss figures (means
+        the batch (whole unrolls, shuffled per epoch; after the first pass single steps from across the batch
+        where ``minibatch_split`` is 'steps'), one optimizer step each. Returns loss figures (means
         over the steps) and stage times (s)."""
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -160,12 +162,22 @@ class Learner(LearnerBase):
         sums: dict[str, torch.Tensor] = {}
         fwd_bwd = optim = 0.0
         steps = 0
+        steps_split = cfg.minibatch_split == "steps"
+        t = b["action"].shape[0] - 1
         for epoch in range(cfg.epochs):
-            order = torch.arange(n) if epoch == 0 else torch.randperm(n)
-            for cols in order.chunk(m):
+            if epoch == 0 or not steps_split:  # whole unrolls (the first pass computes the targets over them)
+                order = torch.arange(n) if epoch == 0 else torch.randperm(n)
+                parts = [(cols, None) for cols in order.chunk(m)]
+            else:  # single steps from across the batch, as PPO shuffles its rollout
+                parts = [(None, idx) for idx in torch.randperm(t * n, device=vs.device).chunk(m)]
+            for cols, idx in parts:
                 ta = time.perf_counter()
-                mb = b if m == 1 else self._columns(b, cols, targets_needed=epoch == 0)
-                targets = None if epoch == 0 else (vs[:, cols], adv[:, cols], lp[:, cols])
+                if idx is not None:
+                    mb = {k: select_steps(b[k], t, idx) for k in ("obs", "action", "logits", "reward")}
+                    targets = tuple(x.reshape(-1).index_select(0, idx).unsqueeze(0) for x in (vs, adv, lp))
+                else:
+                    mb = b if m == 1 else self._columns(b, cols, targets_needed=epoch == 0)
+                    targets = None if epoch == 0 else (vs[:, cols], adv[:, cols], lp[:, cols])
                 total, stats, (mvs, madv, mlp) = self.loss(mb, targets=targets)
                 if epoch == 0 and cfg.epochs > 1:
                     if vs is None:
