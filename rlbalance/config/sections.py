@@ -206,12 +206,13 @@ class LearnerConfig:
                      "that many times the learner's compute). Targets come from the first pass.")
     minibatches: int = _f(1, "Optimizer steps per pass: the batch's unrolls split into this many equal parts "
                           "(shuffled after the first pass).")
-    minibatch_split: str = _f("unrolls", "How the passes after the first split a batch into learner.minibatches "
-                              "parts. 'unrolls': whole unrolls, shuffled per pass (each part holds a few envs' "
-                              "consecutive steps). 'steps': single steps drawn from across the whole batch, as PPO "
-                              "shuffles its rollout, so each part spans every env and every time of the batch; a "
-                              "feed-forward model only (learner.core=none), with learner.epochs > 1. The first pass "
-                              "keeps whole unrolls: it computes the V-trace targets over them.")
+    minibatch_split: str = _f("unrolls", "How each pass splits a batch into learner.minibatches parts. 'unrolls': "
+                              "whole unrolls, shuffled per pass (each part holds a few envs' consecutive steps; the "
+                              "first pass computes the V-trace targets part by part). 'steps': single steps drawn "
+                              "from across the whole batch in every pass, as PPO shuffles its rollout, so each part "
+                              "spans every env and every time of the batch; the targets of the whole batch come "
+                              "first from one forward pass without gradients (its cost: one more forward pass over "
+                              "the batch per update). A feed-forward model only (learner.core=none).")
     ppo_clip: float = _f(0.0, "0: the V-trace policy gradient. > 0: PPO's clipped surrogate on the ratio to the "
                          "behaviour policy with V-trace advantages (APPO), clipped to 1 +/- this.")
     ppo_clip_reference: str = _f("behaviour", "With learner.ppo_clip: the policy the ratio is clipped around. "
@@ -281,9 +282,6 @@ class LearnerConfig:
             _require(self.core == "none", "learner.minibatch_split", self.minibatch_split,
                      "'steps' needs a feed-forward model: a recurrent core (learner.core=lstm) runs over whole "
                      "unrolls; use 'unrolls', or learner.core=none")
-            _require(self.epochs > 1, "learner.minibatch_split", self.minibatch_split,
-                     "'steps' splits the passes after the first, and learner.epochs=1 has none; set "
-                     "learner.epochs above 1, or use 'unrolls'")
         _require(self.ppo_clip_reference in ("behaviour", "proximal"), "learner.ppo_clip_reference",
                  self.ppo_clip_reference, "'behaviour' or 'proximal'")
         _require(self.core in ("none", "lstm"), "learner.core", self.core, "'none' or 'lstm'")

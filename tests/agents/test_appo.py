@@ -120,8 +120,8 @@ def test_clip_reference_is_checked():
         C.LearnerConfig(ppo_clip_reference="target")
 
 
-def test_steps_split_takes_single_steps_from_across_the_batch_after_the_first_pass():
-    """learner.minibatch_split='steps': the first pass over whole unrolls (it computes the targets), each later
+def test_steps_split_takes_single_steps_from_across_the_batch():
+    """learner.minibatch_split='steps': the targets of the whole batch from one pass without gradients, then every
     pass over single steps that together cover the batch's T x N steps once, each part spanning many unrolls."""
     spec = EnvSpec((4,), np.dtype(np.float32), 2, 1)
     torch.manual_seed(0)
@@ -135,19 +135,21 @@ def test_steps_split_takes_single_steps_from_across_the_batch_after_the_first_pa
     real_loss = learner.loss
 
     def loss(b, model=None, targets=None):
-        seen.append((tuple(b["action"].shape), targets is None, [where.get(tuple(o.tolist())) for o in b["obs"][0]]))
+        seen.append((tuple(b["action"].shape), targets is None, torch.is_grad_enabled(),
+                     [where.get(tuple(o.tolist())) for o in b["obs"][0]]))
         return real_loss(b, model, targets)
 
     learner.loss = loss
-    learner.train(batch)
-    assert [(shape, fresh) for shape, fresh, _ in seen[:4]] == [((6, 2), True)] * 4  # whole unrolls first
-    later = seen[4:]
-    assert [(shape, fresh) for shape, fresh, _ in later] == [((1, 10), False)] * 8  # 40 steps / 4 parts, reused targets
-    for p in range(2):  # each later pass covers every step of the batch exactly once
-        steps = [s for _, _, part in later[4 * p:4 * p + 4] for s in part]
+    stats = learner.train(batch)
+    assert seen[0][:3] == ((6, 8), True, False)  # the whole batch's targets, no gradients
+    later = seen[1:]
+    assert [s[:3] for s in later] == [((1, 10), False, True)] * 12  # 3 passes x 4 parts of 40 / 4 steps
+    for p in range(3):  # each pass covers every step of the batch exactly once
+        steps = [s for *_, part in later[4 * p:4 * p + 4] for s in part]
         assert sorted(steps) == sorted(where.values())
-    assert max(len({j for _, j in part}) for _, _, part in later) > 2  # an unroll part would hold 2 unrolls
-    assert max(len({s for s, _ in part}) for _, _, part in later) > 1
+    assert max(len({j for _, j in part}) for *_, part in later) > 2  # a part of whole unrolls holds 2 unrolls
+    assert max(len({s for s, _ in part}) for *_, part in later) > 1
+    assert learner.steps == 5 * 8 and 0.0 <= stats["clip_fraction"] <= 1.0
 
 
 def test_steps_split_loss_on_shuffled_steps_equals_the_loss_on_the_unrolls():
@@ -192,5 +194,3 @@ def test_steps_split_is_checked():
         C.LearnerConfig(minibatch_split="rows")
     with pytest.raises(C.ConfigError, match="feed-forward"):
         C.LearnerConfig(minibatch_split="steps", epochs=4, core="lstm")
-    with pytest.raises(C.ConfigError, match="learner.epochs"):
-        C.LearnerConfig(minibatch_split="steps", epochs=1)

@@ -143,8 +143,9 @@ class Learner(LearnerBase):
 
     def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One update on a batch already in host memory: ``epochs`` passes, each over ``minibatches`` parts of
-        the batch (whole unrolls, shuffled per epoch; after the first pass single steps from across the batch
-        where ``minibatch_split`` is 'steps'), one optimizer step each. Returns loss figures (means
+        the batch (whole unrolls, shuffled per epoch; where ``minibatch_split`` is 'steps', single steps from
+        across the batch, after one pass without gradients that computes the targets of the whole batch), one
+        optimizer step each. Returns loss figures (means
         over the steps) and stage times (s)."""
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -152,7 +153,7 @@ class Learner(LearnerBase):
         t1 = time.perf_counter()
         if self.cuda:
             self._ev_start.record()
-        if cfg.minibatches > 1 or cfg.epochs > 1:  # images scaled and reordered once, not in every pass
+        if cfg.minibatches > 1 or cfg.epochs > 1 or cfg.minibatch_split == "steps":  # images prepared once, not per pass
             b = {k: prepared_frames(v, self.model.torso_precision) if k == "obs" else v for k, v in b.items()}
         lr = self._set_lr()
         self._update_obs_norm(b["obs"])
@@ -164,12 +165,17 @@ class Learner(LearnerBase):
         steps = 0
         steps_split = cfg.minibatch_split == "steps"
         t = b["action"].shape[0] - 1
+        ta = time.perf_counter()
+        if steps_split:  # the targets of the whole batch first, from the model as the update starts
+            with torch.no_grad():
+                vs, adv, lp = self.loss(b, model=self.model)[2]
+            fwd_bwd += time.perf_counter() - ta
         for epoch in range(cfg.epochs):
-            if epoch == 0 or not steps_split:  # whole unrolls (the first pass computes the targets over them)
+            if steps_split:  # single steps from across the batch, as PPO shuffles its rollout
+                parts = [(None, idx) for idx in torch.randperm(t * n, device=vs.device).chunk(m)]
+            else:  # whole unrolls (the first pass computes the targets over them)
                 order = torch.arange(n) if epoch == 0 else torch.randperm(n)
                 parts = [(cols, None) for cols in order.chunk(m)]
-            else:  # single steps from across the batch, as PPO shuffles its rollout
-                parts = [(None, idx) for idx in torch.randperm(t * n, device=vs.device).chunk(m)]
             for cols, idx in parts:
                 ta = time.perf_counter()
                 if idx is not None:
@@ -179,7 +185,7 @@ class Learner(LearnerBase):
                     mb = b if m == 1 else self._columns(b, cols, targets_needed=epoch == 0)
                     targets = None if epoch == 0 else (vs[:, cols], adv[:, cols], lp[:, cols])
                 total, stats, (mvs, madv, mlp) = self.loss(mb, targets=targets)
-                if epoch == 0 and cfg.epochs > 1:
+                if epoch == 0 and cfg.epochs > 1 and not steps_split:
                     if vs is None:
                         vs, adv, lp = (torch.empty((mvs.shape[0], n), device=mvs.device) for _ in range(3))
                     vs[:, cols], adv[:, cols], lp[:, cols] = mvs, madv, mlp
