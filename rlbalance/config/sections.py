@@ -401,7 +401,8 @@ class RunConfig:
     max_seconds: float = _f(0.0, "Stop after this many seconds of training, counted from the first "
                                  "update, so process start-up is not part of it (0: no limit).")
     preset: str = _f("auto", "Settings of an env family under the config file and command line: 'auto' picks "
-                     "it from env.id ('atari' for ALE ids, 'toy' for rlbalance/ ids, 'synthetic', 'continuous' for Box actions, 'classic' for the rest), "
+                     "it from env.id ('atari' for ALE ids, 'toy' for rlbalance/ ids, 'synthetic', 'continuous' for "
+                     "Box actions, 'classic' for the rest), "
                      "'none' uses the bare defaults; "
                      "config.json records the one used.")
 

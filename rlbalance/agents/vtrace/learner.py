@@ -153,7 +153,7 @@ class Learner(LearnerBase):
         t1 = time.perf_counter()
         if self.cuda:
             self._ev_start.record()
-        if cfg.minibatches > 1 or cfg.epochs > 1 or cfg.minibatch_split == "steps":  # images prepared once, not per pass
+        if cfg.minibatches > 1 or cfg.epochs > 1 or cfg.minibatch_split == "steps":  # frames prepared once per batch
             b = {k: prepared_frames(v, self.model.torso_precision) if k == "obs" else v for k, v in b.items()}
         lr = self._set_lr()
         self._update_obs_norm(b["obs"])
@@ -237,8 +237,8 @@ class Learner(LearnerBase):
 
             n, mean, var = global_moments(obs[:-1].reshape(-1, *norm.mean.shape))
             if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
-                raise NonFiniteLossError(f"observations are NaN or infinite on a learner rank at update {self.updates}: "
-                                         "the environment returned them; fix the environment")
+                raise NonFiniteLossError(f"observations are NaN or infinite on a learner rank at update "
+                                         f"{self.updates}: the environment returned them; fix the environment")
             with self.step_lock:
                 norm.fold(n, mean, var)
             return
