@@ -206,21 +206,17 @@ class LearnerConfig:
                      "that many times the learner's compute). Targets come from the first pass.")
     minibatches: int = _f(1, "Optimizer steps per pass: the batch's unrolls split into this many equal parts "
                           "(shuffled after the first pass).")
-    minibatch_split: str = _f("unrolls", "How each pass splits a batch into learner.minibatches parts. 'unrolls': "
-                              "whole unrolls, shuffled per pass (each part holds a few envs' consecutive steps; the "
-                              "first pass computes the V-trace targets part by part). 'steps': single steps drawn "
-                              "from across the whole batch in every pass, as PPO shuffles its rollout, so each part "
-                              "spans every env and every time of the batch; the targets of the whole batch come "
-                              "first from one forward pass without gradients (its cost: one more forward pass over "
-                              "the batch per update). A feed-forward model only (learner.core=none).")
+    minibatch_split: str = _f("unrolls", "How a pass splits a batch into learner.minibatches parts: 'unrolls' (whole "
+                              "unrolls; the first pass computes the targets part by part) or 'steps' (single steps "
+                              "from across the batch, as PPO shuffles its rollout, after one forward pass without "
+                              "gradients for the whole batch's targets); 'steps' needs learner.core=none.")
     ppo_clip: float = _f(0.0, "0: the V-trace policy gradient. > 0: PPO's clipped surrogate on the ratio to the "
                          "behaviour policy with V-trace advantages (APPO), clipped to 1 +/- this.")
     ppo_clip_reference: str = _f("behaviour", "With learner.ppo_clip: the policy the ratio is clipped around. "
-                                 "'behaviour': the policy that acted (APPO as in Sample Factory; a lagging actor "
-                                 "starts some steps already clipped). 'proximal': the learner's own policy at each "
-                                 "unroll's first pass in this update, with the surrogate weighted by that policy over "
-                                 "the behaviour one, capped at learner.clip_pg_rho (decoupled PPO, Hilton et al. "
-                                 "2021): every update starts at a ratio of 1, as a synchronous PPO's does.")
+                                 "'behaviour': the policy that acted (APPO, as in Sample Factory; a lagging actor "
+                                 "starts some steps clipped). 'proximal': the learner's own at each unroll's first "
+                                 "pass in this update, the surrogate weighted by it over the behaviour policy, capped "
+                                 "at learner.clip_pg_rho (decoupled PPO, Hilton et al. 2021): ratios start at 1.")
     normalize_advantages: bool = _f(True, "Normalize the policy-gradient advantages over each minibatch (zero mean, "
                                     "unit std); makes the policy step independent of the reward scale.")
     reward_clip: float = _f(0.0, "Clip rewards to [-x, x] (0: no clipping; Atari uses 1).")
@@ -278,10 +274,9 @@ class LearnerConfig:
         _require(0.0 <= self.ppo_clip < 1.0, "learner.ppo_clip", self.ppo_clip, "must be in [0, 1) (0: off)")
         _require(self.minibatch_split in ("unrolls", "steps"), "learner.minibatch_split", self.minibatch_split,
                  "'unrolls' or 'steps'")
-        if self.minibatch_split == "steps":
-            _require(self.core == "none", "learner.minibatch_split", self.minibatch_split,
-                     "'steps' needs a feed-forward model: a recurrent core (learner.core=lstm) runs over whole "
-                     "unrolls; use 'unrolls', or learner.core=none")
+        _require(self.minibatch_split == "unrolls" or self.core == "none", "learner.minibatch_split",
+                 self.minibatch_split, "'steps' needs a feed-forward model (learner.core=none): a recurrent core "
+                 "runs over whole unrolls; use 'unrolls'")
         _require(self.ppo_clip_reference in ("behaviour", "proximal"), "learner.ppo_clip_reference",
                  self.ppo_clip_reference, "'behaviour' or 'proximal'")
         _require(self.core in ("none", "lstm"), "learner.core", self.core, "'none' or 'lstm'")
