@@ -107,10 +107,10 @@ def test_unsupported_action_space_is_refused_before_anything_starts(tmp_path):
 def test_pendulum_learns_with_the_continuous_preset(tmp_path):
     """Pendulum-v1 (Box(-2, 2) torque) with the continuous preset and no other flag, in serial mode
     (deterministic for a seed on one CPU, but not across CPUs: the same seed ended at -228 on the machine the
-    preset's entry was tuned on and at -354 on a 2-vCPU AMD EPYC, after a best of -236 at 214k steps). A random policy scores about -1200
-    per episode. Seeds 0-4 on that EPYC at 300k steps: last-100 means -354, -183, -215, -175, -297; the bar,
-    -450, is what a policy that swings the pole up in most episodes clears and a single trajectory's late
-    wobble does not break. The preset's per-env entry gives Pendulum discount 0.95 and lr 6e-4
+    preset's entry was tuned on and at -354 on a 2-vCPU AMD EPYC, after a best of -236 at 214k steps). A random
+    policy scores about -1200 per episode. Seeds 0-4 on that EPYC at 300k steps: last-100 means -354, -183, -215,
+    -175, -297; the bar, -450, is what a policy that swings the pole up in most episodes clears and a single
+    trajectory's late wobble does not break. The preset's per-env entry gives Pendulum discount 0.95 and lr 6e-4
     (rlbalance/config/presets.py: with the family's 0.99 and 3e-4 it ended near -370 at 300k)."""
     s = _train(tmp_path, "Pendulum-v1", "pendulum", 300_000, "--run.mode", "serial", "--run.seed", "0")
     assert s["preset"] == "continuous" and s["action_space"] == "Box([1])"

@@ -145,8 +145,7 @@ class Learner(LearnerBase):
         """One update on a batch already in host memory: ``epochs`` passes, each over ``minibatches`` parts of
         the batch (whole unrolls, shuffled per epoch; where ``minibatch_split`` is 'steps', single steps from
         across the batch, after one pass without gradients that computes the targets of the whole batch), one
-        optimizer step each. Returns loss figures (means
-        over the steps) and stage times (s)."""
+        optimizer step each. Returns loss figures (means over the steps) and stage times (s)."""
         cfg = self.cfg
         t0 = time.perf_counter()
         b = self.to_device(batch)
@@ -164,9 +163,8 @@ class Learner(LearnerBase):
         fwd_bwd = optim = 0.0
         steps = 0
         steps_split = cfg.minibatch_split == "steps"
-        t = b["action"].shape[0] - 1
-        ta = time.perf_counter()
         if steps_split:  # the targets of the whole batch first, from the model as the update starts
+            t, ta = b["action"].shape[0] - 1, time.perf_counter()
             with torch.no_grad():
                 vs, adv, lp = self.loss(b, model=self.model)[2]
             fwd_bwd += time.perf_counter() - ta
@@ -180,7 +178,7 @@ class Learner(LearnerBase):
                 ta = time.perf_counter()
                 if idx is not None:
                     mb = {k: select_steps(b[k], t, idx) for k in ("obs", "action", "logits", "reward")}
-                    targets = tuple(x.reshape(-1).index_select(0, idx).unsqueeze(0) for x in (vs, adv, lp))
+                    targets = tuple(select_steps(x, t, idx) for x in (vs, adv, lp))
                 else:
                     mb = b if m == 1 else self._columns(b, cols, targets_needed=epoch == 0)
                     targets = None if epoch == 0 else (vs[:, cols], adv[:, cols], lp[:, cols])
