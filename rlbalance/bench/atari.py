@@ -270,6 +270,7 @@ def write_peer_curve(run: dict, out: Path, against: list[Path] | None = None) ->
     """curve.json, .csv and .png of a peer run (as ``ppo_envpool_atari`` returns it), with the fields of our
     curve files (so the table and ``plot_seeds`` read both); with ``against``, vs-ours.png too."""
     from rlbalance.bench.pong_curve import MILESTONES, curve_summary, plot_seeds
+    from rlbalance.bench.ppo_envpool import PEER_STATS
     from rlbalance.core.cpuinfo import cpu_model
     from rlbalance.core.jsonio import atomic_write_json
 
@@ -283,9 +284,10 @@ def write_peer_curve(run: dict, out: Path, against: list[Path] | None = None) ->
            "outcome": run["outcome"], "cpu": cpu_model(), "settings": run["settings"], "curve": rows}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "curve.json", doc)
-    (out / "curve.csv").write_text("frames,wall_s,mean_return_last100,fps\n" + "".join(
-        f"{r['frames']},{r['wall_s']:.1f},{'' if r['return'] is None else round(r['return'], 3)},{r['fps']:.0f}\n"
-        for r in rows))
+    # (the update measures: rows from before the peer recorded them have none)
+    (out / "curve.csv").write_text(",".join(("frames,wall_s,mean_return_last100,fps", *PEER_STATS)) + "\n" + "".join(
+        f"{r['frames']},{r['wall_s']:.1f},{'' if r['return'] is None else round(r['return'], 3)},{r['fps']:.0f},"
+        + ",".join("" if r.get(k) is None else f"{r[k]:.4g}" for k in PEER_STATS) + "\n" for r in rows))
     name = f"PPO-EnvPool peer (seed {run['seed']})"
     plot_seeds([out / "curve.json"], out / "curve.png", names=[name],
                title=f"{run['game']}: the CleanRL-style PPO peer on EnvPool, this machine")

@@ -95,11 +95,11 @@ def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: in
 
 # ---------------------------------------------------------------------------------------------------------------
 # The Atari peer: CleanRL's PPO for Atari on EnvPool, as its documentation publishes it (8 envs, rollouts of 128
-# steps, Adam 2.5e-4 annealed linearly to 0 over CleanRL's 10M agent steps (40M frames) whatever --frames says, so
-# a run stopped earlier learns as the start of CleanRL's run does, 4 epochs of 4 minibatches, clip 0.1 on the policy and the
-# value, entropy 0.01, value 0.5, grad norm 0.5, GAE lambda 0.95, discount 0.99; EnvPool with episodic life and
-# rewards clipped to [-1, 1], sticky actions off, the Nature CNN on 4 stacked 84x84 frames). One process: the env
-# steps and the learner take turns on all the CPUs. The return reported is the game's (unclipped, over all lives).
+# steps, Adam 2.5e-4 annealed linearly to 0 over CleanRL's 10M agent steps (40M frames) whatever --frames says,
+# so a run stopped earlier learns as the start of CleanRL's run does, 4 epochs of 4 minibatches, clip 0.1 on the
+# policy and the value, entropy 0.01, value 0.5, grad norm 0.5, GAE lambda 0.95, discount 0.99; EnvPool with
+# episodic life and rewards clipped to [-1, 1], sticky actions off, the Nature CNN on 4 stacked 84x84 frames). One
+# process: the env steps and the learner take turns on all the CPUs. The return reported is the game's (unclipped, over all lives).
 
 ATARI_PEER = {"num_envs": 8, "num_steps": 128, "learning_rate": 2.5e-4, "anneal_lr": True, "epochs": 4,
               "minibatches": 4, "clip": 0.1, "entropy_cost": 0.01, "value_cost": 0.5, "max_grad_norm": 0.5,
@@ -138,8 +138,9 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
                       settings: dict | None = None, stop=lambda: False, until: float | None = None) -> dict:
     """Train the Atari peer on ``game`` (EnvPool's ``GAME-v5``) to ``frames`` frames, resuming from
     ``state_path`` where an earlier call left it (same game, seed and settings; ``frames`` may grow, since the
-    learning rate anneals over ``settings['anneal_frames']``). Returns the run: its curve (``frames``, ``wall_s``: seconds of training summed over
-    sessions, ``return``: mean game return of the last 100 games, ``fps``) every ``log_interval_s``, and
+    learning rate anneals over ``settings['anneal_frames']``). Returns the run: its curve (``frames``, ``wall_s``:
+    seconds of training summed over sessions, ``return``: mean game return of the last 100 games, ``fps``, and the
+    means of ``PEER_STATS`` over the updates since the row before) every ``log_interval_s``, and
     ``outcome`` 'completed', 'reached' where ``until`` is given and the mean of the last 100 games (100 of them)
     reached it, or 'interrupted' where ``stop()`` turned true (checked after each rollout; the state is saved
     then)."""
@@ -195,6 +196,7 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
     wall0 = run["wall_s"]
     last_log = last_ckpt = last_progress = t_session
     frames_at_log, t_at_log = run["frames"], t_session
+    stat_sums, stat_n = dict.fromkeys(PEER_STATS, 0.0), 0  # the updates' measures since the last curve row
     outcome = "completed"
     if until is not None and run.get("reached") is not None and run["reached"] >= until:
         outcome = "reached"  # an earlier call stopped at this ``until`` or a higher one
@@ -218,7 +220,10 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
             rew_buf[t] = torch.from_numpy(np.asarray(r, dtype=np.float32))
             obs, done = torch.from_numpy(o), torch.from_numpy((term | trunc).astype(np.float32))
         run["frames"] += per_rollout
-        _ppo_update(net, opt, s, obs, done, obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf)
+        upd = _ppo_update(net, opt, s, obs, done, obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf)
+        for k in PEER_STATS:
+            stat_sums[k] += upd[k]
+        stat_n += 1
         now = time.perf_counter()
         run["wall_s"] = wall0 + (now - t_session)
         reached = until is not None and len(run["returns"]) == 100 and float(np.mean(run["returns"])) >= until
@@ -226,8 +231,9 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
             fps = (run["frames"] - frames_at_log) / (now - t_at_log)
             mean = float(np.mean(run["returns"])) if run["returns"] else None
             run["curve"].append({"frames": run["frames"], "wall_s": round(run["wall_s"], 2), "return": mean,
-                                 "fps": fps})
+                                 "fps": fps, **{k: stat_sums[k] / stat_n for k in PEER_STATS}})
             last_log, frames_at_log, t_at_log = now, run["frames"], now
+            stat_sums, stat_n = dict.fromkeys(PEER_STATS, 0.0), 0
         if now - last_progress >= 30.0:
             mean = run["curve"][-1]["return"] if run["curve"] else None
             progress(f"[{game} peer] {run['frames'] / 1e6:.2f}M / {frames / 1e6:.1f}M frames, "
@@ -262,7 +268,15 @@ def _gae(rew, done_buf, val, next_v, next_done, discount: float, lam: float) -> 
     return adv, adv + val
 
 
-def _ppo_update(net, opt, s, obs, done, obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf) -> None:
+PEER_STATS = ("entropy", "clip_fraction", "approx_kl", "grad_norm")  # per update, as our learner records them
+
+
+def _ppo_update(net, opt, s, obs, done, obs_buf, act_buf, logp_buf, rew_buf, done_buf, val_buf) -> dict:
+    """CleanRL's PPO update on one rollout; returns the means over its optimizer steps of the policy's entropy, the
+    clip fraction, the approximate KL to the acting policy (CleanRL's (r - 1) - log r) and the gradient norm before
+    clipping, the measures our learner's metrics hold (``loss/entropy``, ``loss/clip_fraction``, ...)."""
+    sums = dict.fromkeys(PEER_STATS, 0.0)
+    steps = 0
     with torch.no_grad():
         adv, ret = _gae(rew_buf, done_buf, val_buf, net(obs)[1], done, s["discount"], s["gae_lambda"])
     b_obs, b_act, b_logp = obs_buf.flatten(0, 1), act_buf.flatten(), logp_buf.flatten()
@@ -272,13 +286,22 @@ def _ppo_update(net, opt, s, obs, done, obs_buf, act_buf, logp_buf, rew_buf, don
         for mb in torch.randperm(rows).split(rows // s["minibatches"]):
             logits, v = net(b_obs[mb])
             dist = torch.distributions.Categorical(logits=logits)
-            ratio = (dist.log_prob(b_act[mb]) - b_logp[mb]).exp()
+            log_ratio = dist.log_prob(b_act[mb]) - b_logp[mb]
+            ratio = log_ratio.exp()
             a_mb = (b_adv[mb] - b_adv[mb].mean()) / (b_adv[mb].std() + 1e-8)
             pg = torch.max(-a_mb * ratio, -a_mb * ratio.clamp(1 - clip, 1 + clip)).mean()
             v_clipped = b_val[mb] + (v - b_val[mb]).clamp(-clip, clip)
             v_loss = 0.5 * torch.max((v - b_ret[mb]) ** 2, (v_clipped - b_ret[mb]) ** 2).mean()
-            loss = pg + s["value_cost"] * v_loss - s["entropy_cost"] * dist.entropy().mean()
+            entropy = dist.entropy().mean()
+            loss = pg + s["value_cost"] * v_loss - s["entropy_cost"] * entropy
             opt.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_(net.parameters(), s["max_grad_norm"])
+            grad_norm = nn.utils.clip_grad_norm_(net.parameters(), s["max_grad_norm"])
             opt.step()
+            with torch.no_grad():
+                sums["entropy"] += float(entropy)
+                sums["clip_fraction"] += float(((ratio - 1).abs() > clip).float().mean())
+                sums["approx_kl"] += float(((ratio - 1) - log_ratio).mean())
+                sums["grad_norm"] += float(grad_norm)
+            steps += 1
+    return {k: v / steps for k, v in sums.items()}

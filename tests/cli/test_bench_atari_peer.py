@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from rlbalance.bench import atari
-from rlbalance.bench.ppo_envpool import game_over, ppo_envpool_atari
+from rlbalance.bench.ppo_envpool import ATARI_PEER, PEER_STATS, _NatureNet, _ppo_update, game_over, ppo_envpool_atari
 from rlbalance.cli import main
 
 TINY = {"num_envs": 2, "num_steps": 16}  # 128 frames a rollout
@@ -19,6 +20,36 @@ def test_a_game_ends_where_envpool_says_the_game_ended_not_at_each_life():
     trunc = np.array([False, False, False, True])
     info = {"terminated": np.array([0, 1, 0, 0], dtype=np.int32)}
     assert game_over(term, trunc, info).tolist() == [False, True, False, True]
+
+
+def _rollout(net, t_len=8, n=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randint(0, 256, (t_len, n, 4, 84, 84), dtype=torch.uint8, generator=g)
+    with torch.no_grad():
+        logits, v = net(obs.flatten(0, 1))
+    dist = torch.distributions.Categorical(logits=logits)
+    act = dist.sample()
+    return (obs[-1], torch.zeros(n), obs, act.reshape(t_len, n), dist.log_prob(act).reshape(t_len, n),
+            torch.randn(t_len, n, generator=g).sign(), torch.zeros(t_len, n), v.reshape(t_len, n))
+
+
+def test_peer_update_measures_what_our_learner_records():
+    torch.manual_seed(0)
+    net = _NatureNet(6)
+    s = {**ATARI_PEER, "minibatches": 2}
+    rollout = _rollout(net)
+    # With the rate at 0 the policy never moves off the one that acted: nothing is clipped, the KL is 0, and the
+    # entropy is that of the acting policy on the rollout's observations.
+    still = _ppo_update(net, torch.optim.Adam(net.parameters(), lr=0.0), s, *rollout)
+    assert set(still) == set(PEER_STATS)
+    assert still["clip_fraction"] == 0.0 and abs(still["approx_kl"]) < 1e-6 and still["grad_norm"] > 0
+    with torch.no_grad():
+        acting = torch.distributions.Categorical(logits=net(rollout[2].flatten(0, 1))[0]).entropy().mean()
+    assert still["entropy"] == pytest.approx(float(acting), rel=1e-5)
+    # A large rate moves the policy within the update's own steps: later steps see clipped ratios and a KL > 0.
+    moved = _ppo_update(net, torch.optim.Adam(net.parameters(), lr=1e-2), s, *rollout)
+    assert moved["clip_fraction"] > 0 and moved["approx_kl"] > 1e-4
+    assert 0 < moved["entropy"] <= np.log(6) + 1e-6
 
 
 @pytest.mark.slow
@@ -34,6 +65,8 @@ def test_peer_stops_resumes_and_refuses_another_runs_state(tmp_path):
                               stop=stop_after_two)
     assert first["outcome"] == "interrupted" and first["frames"] == 256 and state.is_file()
     assert [r["frames"] for r in first["curve"]] == [128, 256]
+    assert all(0 < r["entropy"] <= np.log(6) and 0 <= r["clip_fraction"] <= 1 and r["approx_kl"] >= 0
+               for r in first["curve"])  # Pong's 6 actions
     said = []
     second = ppo_envpool_atari("Pong", 640, 1, state, progress=said.append, log_interval_s=0.0, settings=TINY)
     assert second["outcome"] == "completed" and second["frames"] == 640
@@ -57,12 +90,17 @@ def test_peer_curve_files_read_by_the_table_and_drawn_against_ours(tmp_path):
                                           {"frames": 8192, "wall_s": 6.0, "return": -20.0}]}))
     run = {"game": "Pong", "seed": 1, "frames": 8192, "wall_s": 7.5, "outcome": "completed", "settings": TINY,
            "curve": [{"frames": 4096, "wall_s": 4.0, "return": None, "fps": 1000.0},
-                     {"frames": 8192, "wall_s": 7.5, "return": -20.5, "fps": 1100.0}]}
+                     {"frames": 8192, "wall_s": 7.5, "return": -20.5, "fps": 1100.0, "entropy": 1.5,
+                      "clip_fraction": 0.125, "approx_kl": 0.01, "grad_norm": 0.25}]}
     out = tmp_path / "atari-peer"
     r = atari.write_peer_curve(run, out / "Pong", against=[ours])
     assert r["final_return_last100"] == -20.5 and r["milestones"] == {"-15": None, "+18": None}
     doc = json.loads((out / "Pong" / "curve.json").read_text())  # strict JSON: the None return is null
     assert doc["curve"][0]["return"] is None and doc["fps_median"] == 1100.0
+    # the update measures in the CSV; the row from before the peer recorded them leaves them empty
+    assert (out / "Pong" / "curve.csv").read_text().splitlines() == [
+        "frames,wall_s,mean_return_last100,fps,entropy,clip_fraction,approx_kl,grad_norm",
+        "4096,4.0,,1000,,,,", "8192,7.5,-20.5,1100,1.5,0.125,0.01,0.25"]
     assert (out / "Pong" / "vs-ours.png").stat().st_size > 0 and (out / "Pong" / "curve.png").stat().st_size > 0
     ours_dir = tmp_path / "atari" / "Pong"  # our table beside the peer's folder shows the peer's result
     ours_dir.mkdir(parents=True)
