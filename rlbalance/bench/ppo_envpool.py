@@ -99,7 +99,8 @@ def ppo_envpool_sps(total_steps: int = 200_000, num_envs: int = 8, num_steps: in
 # so a run stopped earlier learns as the start of CleanRL's run does, 4 epochs of 4 minibatches, clip 0.1 on the
 # policy and the value, entropy 0.01, value 0.5, grad norm 0.5, GAE lambda 0.95, discount 0.99; EnvPool with
 # episodic life and rewards clipped to [-1, 1], sticky actions off, the Nature CNN on 4 stacked 84x84 frames). One
-# process: the env steps and the learner take turns on all the CPUs. The return reported is the game's (unclipped, over all lives).
+# process: the env steps and the learner take turns on all the CPUs. The return reported is the game's (unclipped,
+# over all lives).
 
 ATARI_PEER = {"num_envs": 8, "num_steps": 128, "learning_rate": 2.5e-4, "anneal_lr": True, "epochs": 4,
               "minibatches": 4, "clip": 0.1, "entropy_cost": 0.01, "value_cost": 0.5, "max_grad_norm": 0.5,
