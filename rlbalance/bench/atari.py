@@ -23,6 +23,12 @@ GAMES = ("Pong", "Breakout", "BeamRider", "SpaceInvaders", "Qbert")
 
 # Mean episode return at 10M frames (2.5M agent steps at frameskip 4) in published runs, read off their curves or
 # logs (issue 29 lists them): (value, who). No per-game tuning anywhere: the same preset for every game.
+# Where they come from (checked 2026-12-07): CleanRL's and RLlib's tables are at 10M agent steps = 40M frames, so
+# each anchor is its curve at x = 2.5M steps. RLlib IMPALA: one 2018 run per game, ray-project/rl-experiments
+# atari-impala progress.csv, episode_reward_mean (Breakout 72 at 2.55M steps, BeamRider 566, SpaceInvaders 400,
+# Qbert 850). CleanRL PQN (pqn_atari_envpool.py, 3 seeds, episodic life, full-game returns): read off its docs'
+# plot, SpaceInvaders ~540, BeamRider ~2,450 with a wide seed band (~1,840 on the plot of its first version),
+# Breakout ~50. CleanRL PPO: the 2022 docs plots of ppo_atari.py (Breakout ~60, BeamRider ~700).
 ANCHORS: dict[str, list[tuple[float, str]]] = {
     "Pong": [(16.5, "CleanRL PPO")],
     "Breakout": [(60.0, "CleanRL PPO"), (72.0, "RLlib IMPALA, 32 workers"), (50.0, "CleanRL PQN")],
