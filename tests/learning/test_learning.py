@@ -52,10 +52,14 @@ def test_serial_and_parallel_learn_alike(cfg_factory):
         # the same shape: low at first, then up by a large factor
         assert max(early) < 100, (mode, c)
         assert statistics.mean(late) > 3 * statistics.mean(early), (mode, c)
-    # and at a similar pace: both cross a return of 150 within 2x of each other's step count
-    cross = {m: _first_crossing(c, 150) for m, c in curves.items()}
-    assert all(cross.values()), cross
-    assert max(cross.values()) <= 2 * min(cross.values()), cross
+    # and at a similar pace: the steps each takes to reach a return of 100, 150, ..., 450, on average, within 2x of
+    # each other. One level alone is brittle: a parallel run once reached 148 at 31k steps, dipped to 130 and crossed
+    # 150 only at 56k (2.3x the serial run's 25k), though it reached 250 and 400 as soon as the serial run did.
+    levels = range(100, 451, 50)
+    cross = {m: [_first_crossing(c, level) for level in levels] for m, c in curves.items()}
+    assert all(None not in xs for xs in cross.values()), cross
+    pace = {m: statistics.mean(xs) for m, xs in cross.items()}
+    assert max(pace.values()) <= 2 * min(pace.values()), (pace, cross)
 
 
 @pytest.mark.slow
