@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "policy as in training")
     p.add_argument("--checkpoint", help="a checkpoint file; without it, the run's latest")
     p.add_argument("--device", default="cpu", help="device for the policy: cpu, cuda, auto")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads for the policy on the CPU "
+                   "(default 1: beside a training run, more threads spin against it and eval runs ~3x slower; alone "
+                   "on the machine, one per core is ~1.2x faster: bench/results/eval-threads.md)")
     p.add_argument("--seed", type=int, default=None, help="env and sampling seed; without it, one apart from "
                    "the run's training seeds")
     p.add_argument("--max-steps", type=int, default=10_000_000, help="give up after this many env steps")
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                              max_steps=args.video_steps)
     r = evaluate(args.run_dir, episodes=args.episodes, num_envs=args.envs, greedy=args.greedy,
                  checkpoint=args.checkpoint, device=args.device, seed=args.seed, max_steps=args.max_steps,
-                 out_dir=out)
+                 out_dir=out, threads=args.threads)
     console = Console()
     if r["episodes"]:
         console.print(

@@ -32,16 +32,20 @@ EVAL_SEED_OFFSET = 500_009
 
 def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy: bool = False,
              checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
-             max_steps: int = 10_000_000, progress: bool = True, out_dir: str | Path | None = None) -> dict:
+             max_steps: int = 10_000_000, progress: bool = True, out_dir: str | Path | None = None,
+             threads: int | None = None) -> dict:
     """Play ``episodes`` games (at least) with the run's latest (or the given) checkpoint; with ``out_dir``, writes
     eval.json there (the run directory itself only when given as ``out_dir``: a run read is not a run written).
-    Stops early after ``max_steps`` env steps, keeping the games finished by then (``complete`` False)."""
+    Stops early after ``max_steps`` env steps, keeping the games finished by then (``complete`` False).
+    ``threads``: torch intra-op threads for the policy while it plays (restored after); None keeps the process's."""
     if episodes < 1:
         raise ConfigError(f"--episodes {episodes}: must be >= 1")
     if num_envs < 1:
         raise ConfigError(f"--envs {num_envs}: must be >= 1")
     if max_steps < 1:
         raise ConfigError(f"--max-steps {max_steps}: must be >= 1")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads {threads}: must be >= 1 (or leave it out for torch's own count)")
     run = RunDir(Path(run_dir))
     cfg = run.read_config()
     ckpt_path = Path(checkpoint) if checkpoint else run.latest_checkpoint()
@@ -66,6 +70,9 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     core = model.initial_state(num_envs, dev) if model.recurrent else None
     first = torch.ones(num_envs, dtype=torch.bool, device=dev)
     steps, t0 = 0, time.perf_counter()
+    torch_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         while any(len(r) < per_env for r in returns) and steps < max_steps:
             actions, core = policy_actions(model, torch.from_numpy(obs).to(dev), gen, greedy, core, first)
@@ -80,6 +87,8 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
                     if bar is not None:
                         bar[0].advance(bar[1])
     finally:
+        used_threads = torch.get_num_threads()
+        torch.set_num_threads(torch_threads)
         envs.close()
         if bar is not None:
             bar[0].stop()
@@ -99,7 +108,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
         "return_min": stat(np.min, flat), "return_max": stat(np.max, flat),
         "length_mean": stat(np.mean, flat_len), "returns": flat, "lengths": flat_len,
         "env_steps": steps, "frames": steps * spec.frames_per_step, "wall_s": time.perf_counter() - t0,
-        "device": str(dev),
+        "device": str(dev), "torch_threads": used_threads,
     }
     result["run_dir"] = str(run.path)
     if out_dir is not None:

@@ -21,6 +21,7 @@ def test_eval_trained_policy_beats_random_and_is_reproducible(cfg_factory, capsy
     assert greedy["episodes"] == 16 and greedy["games_per_env"] == 2  # every env plays the same number of games
     assert greedy["lengths"] == [200] * 16 and greedy["checkpoint_steps"] == s["steps"]
     assert greedy["return_mean"] > 100, greedy  # well above random (50): it learned, and eval plays that policy
+    assert greedy["torch_threads"] == 1  # the CLI's default: one thread, which never spins against a training run
     assert "greedy policy, checkpoint at" in open(os.path.join(s["run_dir"], "report.html")).read()
     sampled = evaluate(s["run_dir"], episodes=8, num_envs=4, progress=False)
     again = evaluate(s["run_dir"], episodes=8, num_envs=4, progress=False)
@@ -28,6 +29,13 @@ def test_eval_trained_policy_beats_random_and_is_reproducible(cfg_factory, capsy
     assert 50 < sampled["return_mean"] < greedy["return_mean"], (sampled["return_mean"], greedy["return_mean"])
     few = evaluate(s["run_dir"], episodes=3, progress=False)  # fewer games than the default 8 envs: 3 games
     assert few["episodes"] == 3 and few["num_envs"] == 3 and few["games_per_env"] == 1
+    # --threads: the policy plays with that many torch threads, and the process's own count comes back after
+    import torch
+
+    before = torch.get_num_threads()
+    one = evaluate(s["run_dir"], episodes=2, num_envs=2, progress=False, threads=1)
+    assert one["torch_threads"] == 1 and one["episodes"] == 2 and torch.get_num_threads() == before
+    assert few["torch_threads"] == before
 
 
 def test_eval_without_checkpoint_names_the_fix(tmp_path, capsys):
@@ -41,6 +49,8 @@ def test_eval_without_checkpoint_names_the_fix(tmp_path, capsys):
     assert "nowhere does not exist" in capsys.readouterr().err
     assert main(["eval", str(run), "--episodes", "0"]) == 2
     assert "--episodes" in capsys.readouterr().err
+    assert main(["eval", str(run), "--threads", "0"]) == 2
+    assert "--threads 0: must be >= 1" in capsys.readouterr().err
 
 
 def test_eval_out_of_steps_keeps_the_games_played(cfg_factory):
