@@ -45,7 +45,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     if max_steps < 1:
         raise ConfigError(f"--max-steps {max_steps}: must be >= 1")
     if threads is not None and threads < 1:
-        raise ConfigError(f"--threads {threads}: must be >= 1 (or leave it out for torch's own count)")
+        raise ConfigError(f"--threads {threads}: must be >= 1 (one per core is the fastest on an idle machine)")
     run = RunDir(Path(run_dir))
     cfg = run.read_config()
     ckpt_path = Path(checkpoint) if checkpoint else run.latest_checkpoint()
@@ -73,6 +73,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     torch_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
+    used_threads = torch.get_num_threads()
     try:
         while any(len(r) < per_env for r in returns) and steps < max_steps:
             actions, core = policy_actions(model, torch.from_numpy(obs).to(dev), gen, greedy, core, first)
@@ -87,7 +88,6 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
                     if bar is not None:
                         bar[0].advance(bar[1])
     finally:
-        used_threads = torch.get_num_threads()
         torch.set_num_threads(torch_threads)
         envs.close()
         if bar is not None:
