@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
         video = record_video(args.run_dir, args.video or out / "video.mp4", greedy=args.greedy,
                              checkpoint=args.checkpoint, device=args.device, seed=args.seed,
-                             max_steps=args.video_steps)
+                             max_steps=args.video_steps, threads=args.threads)
     r = evaluate(args.run_dir, episodes=args.episodes, num_envs=args.envs, greedy=args.greedy,
                  checkpoint=args.checkpoint, device=args.device, seed=args.seed, max_steps=args.max_steps,
                  out_dir=out, threads=args.threads)

@@ -9,6 +9,7 @@ policy to sample, a Q-network: always its greedy action). Envs are seeded apart 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -44,8 +45,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
         raise ConfigError(f"--envs {num_envs}: must be >= 1")
     if max_steps < 1:
         raise ConfigError(f"--max-steps {max_steps}: must be >= 1")
-    if threads is not None and threads < 1:
-        raise ConfigError(f"--threads {threads}: must be >= 1 (one per core is the fastest on an idle machine)")
+    _check_threads(threads)
     run = RunDir(Path(run_dir))
     cfg = run.read_config()
     ckpt_path = Path(checkpoint) if checkpoint else run.latest_checkpoint()
@@ -70,11 +70,10 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     core = model.initial_state(num_envs, dev) if model.recurrent else None
     first = torch.ones(num_envs, dtype=torch.bool, device=dev)
     steps, t0 = 0, time.perf_counter()
-    torch_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    used_threads = torch.get_num_threads()
-    try:
+    with torch_threads(threads) as used_threads, contextlib.ExitStack() as done:
+        done.callback(envs.close)
+        if bar is not None:
+            done.callback(bar[0].stop)
         while any(len(r) < per_env for r in returns) and steps < max_steps:
             actions, core = policy_actions(model, torch.from_numpy(obs).to(dev), gen, greedy, core, first)
             r = envs.step(actions.cpu().numpy())
@@ -87,11 +86,6 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
                     lengths[i].append(int(r.ep_length[i]))
                     if bar is not None:
                         bar[0].advance(bar[1])
-    finally:
-        torch.set_num_threads(torch_threads)
-        envs.close()
-        if bar is not None:
-            bar[0].stop()
     flat = [x for r in returns for x in r]
     flat_len = [x for n in lengths for x in n]
 
@@ -117,6 +111,24 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     return result
 
 
+def _check_threads(threads: int | None) -> None:
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads {threads}: must be >= 1 (one per core is the fastest on an idle machine)")
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """Torch's intra-op thread count set to ``threads`` inside the block (None: the process's own), restored after;
+    yields the count in use."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
 def _bar(total: int, enabled: bool):
     if not enabled:
         return None
@@ -130,13 +142,15 @@ def _bar(total: int, enabled: bool):
 
 def record_video(run_dir: str | Path, out: str | Path, greedy: bool = False,
                  checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
-                 max_steps: int = 10_000) -> dict:
+                 max_steps: int = 10_000, threads: int | None = None) -> dict:
     """One game played by the run's policy, as an MP4 (the env's own rgb frames, written by OpenCV);
-    stops after ``max_steps`` agent steps. Returns the video's path, frames, fps and the game's return."""
+    stops after ``max_steps`` agent steps; ``threads`` as in :func:`evaluate`. Returns the video's path, frames,
+    fps, the game's return and the torch threads it played with."""
     import cv2
 
     from rlbalance.envs.batch import _check_id, make_single
 
+    _check_threads(threads)
     run = RunDir(Path(run_dir))
     cfg = run.read_config()
     env_cfg = dataclasses.replace(cfg.env, backend="gymnasium")  # EnvPool does not render; same preprocessing
@@ -175,32 +189,33 @@ def record_video(run_dir: str | Path, out: str | Path, greedy: bool = False,
     frames, ret, steps, over = 0, 0.0, 0, False
     core = model.initial_state(1, dev) if model.recurrent else None
     first = torch.ones(1, dtype=torch.bool, device=dev)
-    try:
-        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-        frames += 1
-        while not over and steps < max_steps:
-            x = torch.as_tensor(np.asarray(obs, dtype=spec.obs_dtype)[None]).to(dev)
-            a, core = policy_actions(model, x, gen, greedy, core, first)
-            obs, r, term, trunc, info = env.step(model.action.to_env(a[0].cpu().numpy()))
-            first[0] = bool(term) or bool(trunc)
-            ret += float(r)
-            steps += 1
-            over = bool(trunc) or (bool(term) and info.get("game_over", True))
-            if term and not over:  # episodic life: a lost life, the game goes on
-                obs, _ = env.reset()
-            writer.write(cv2.cvtColor(env.render(), cv2.COLOR_RGB2BGR))
+    with torch_threads(threads) as used_threads:
+        try:
+            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
             frames += 1
-    except BaseException:
-        writer.release()
-        tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        writer.release()
-        env.close()
+            while not over and steps < max_steps:
+                x = torch.as_tensor(np.asarray(obs, dtype=spec.obs_dtype)[None]).to(dev)
+                a, core = policy_actions(model, x, gen, greedy, core, first)
+                obs, r, term, trunc, info = env.step(model.action.to_env(a[0].cpu().numpy()))
+                first[0] = bool(term) or bool(trunc)
+                ret += float(r)
+                steps += 1
+                over = bool(trunc) or (bool(term) and info.get("game_over", True))
+                if term and not over:  # episodic life: a lost life, the game goes on
+                    obs, _ = env.reset()
+                writer.write(cv2.cvtColor(env.render(), cv2.COLOR_RGB2BGR))
+                frames += 1
+        except BaseException:
+            writer.release()
+            tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            writer.release()
+            env.close()
     tmp.replace(path)
     return {"path": str(path), "frames": frames, "fps": fps, "seconds": frames / fps, "agent_steps": steps,
             "game_over": over, "return": ret, "checkpoint_steps": int(state["steps"]),
-            "policy": _policy_kind(cfg, greedy)}
+            "policy": _policy_kind(cfg, greedy), "torch_threads": used_threads}
 
 
 def _policy_kind(cfg, greedy: bool) -> str:

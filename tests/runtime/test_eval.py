@@ -51,6 +51,8 @@ def test_eval_without_checkpoint_names_the_fix(tmp_path, capsys):
     assert "--episodes" in capsys.readouterr().err
     assert main(["eval", str(run), "--threads", "0"]) == 2
     assert "--threads 0: must be >= 1" in capsys.readouterr().err
+    assert main(["eval", str(run), "--threads", "0", "--video", str(tmp_path / "v.mp4")]) == 2  # before the video
+    assert "--threads 0: must be >= 1" in capsys.readouterr().err and not (tmp_path / "v.mp4").exists()
 
 
 def test_eval_out_of_steps_keeps_the_games_played(cfg_factory):
@@ -105,6 +107,19 @@ def test_eval_video_writes_a_playable_mp4(cfg_factory, tmp_path, capsys):
     seconds = float(re.search(r"\(([0-9.]+) s\)", printed).group(1))
     assert abs(n / fps - seconds) < 0.05  # the duration the player shows is the one reported
     assert not list(tmp_path.glob("*.tmp.mp4"))
+    # the recorded game plays with --threads too, and the process's own count comes back after
+    import torch
+
+    from rlbalance.runtime.evaluate import record_video
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        v = record_video(s["run_dir"], tmp_path / "one.mp4", max_steps=5, threads=1)
+        assert v["torch_threads"] == 1 and torch.get_num_threads() == 3
+        assert record_video(s["run_dir"], tmp_path / "own.mp4", max_steps=5)["torch_threads"] == 3
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_eval_video_of_the_synthetic_env_is_refused_before_anything_is_written(cfg_factory, capsys, tmp_path,
