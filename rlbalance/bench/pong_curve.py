@@ -203,10 +203,13 @@ def _plot(rows: list[dict], result: dict, path: Path, milestones: tuple[float, .
 
 
 def plot_seeds(results: list[Path], path: Path, names: list[str] | None = None,
-               title: str = "Pong with the Atari preset: seeds side by side", max_frames: float | None = None) -> None:
+               title: str = "Pong with the Atari preset: seeds side by side", max_frames: float | None = None
+               ) -> list[str]:
     """The curves of several pong-curve results (their pong-curve.json) on one figure: return against frames and
     against wall time, one line per seed (or per ``names``), with the +18 and -15 marks; ``max_frames``: cut the
-    curves there (to compare runs of different lengths on the same budget)."""
+    curves there (to compare runs of different lengths on the same budget; a run stopped at that budget logs its last
+    point up to a batch past it, so a run's final point within 0.1% past the cut is kept, and its label reads the
+    value its table does). Returns the legend's labels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,12 +218,16 @@ def plot_seeds(results: list[Path], path: Path, names: list[str] | None = None,
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8 + 0.25 * len(results)), sharey=True)
     for i, p in enumerate(results):
         r = json.loads(Path(p).read_text())
-        pts = [c for c in r["curve"] if c["return"] is not None and (max_frames is None or c["frames"] <= max_frames)]
+        pts = [c for c in r["curve"] if c["return"] is not None]
+        if max_frames is not None and pts:
+            ended = pts[-1]["frames"] <= max_frames * 1.001  # the run stopped at this budget: its final point counts
+            pts = [c for c in pts[:-1] if c["frames"] <= max_frames] + pts[-1:] if ended else \
+                [c for c in pts if c["frames"] <= max_frames]
         name = names[i] if names else f"seed {r['seed']}"
         if max_frames is not None:
             low = r["milestones"].get("-15")
             label = f"{name} (-15 at {low['frames'] / 1e6:.2f}M frames; {pts[-1]['return']:+.1f} at " \
-                    f"{pts[-1]['frames'] / 1e6:.1f}M)" if low and low["frames"] <= max_frames else \
+                    f"{pts[-1]['frames'] / 1e6:.1f}M)" if low and low["frames"] <= pts[-1]["frames"] else \
                     f"{name} ({pts[-1]['return']:+.1f} at {pts[-1]['frames'] / 1e6:.1f}M)"
         elif "+18" in r["milestones"]:
             hit = r["milestones"]["+18"]
@@ -247,3 +254,4 @@ def plot_seeds(results: list[Path], path: Path, names: list[str] | None = None,
     fig.tight_layout(rect=(0, min(0.45, 0.045 * len(labels) + 0.02), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return labels

@@ -171,6 +171,16 @@ def test_pong_curve_files_from_a_run(cfg_factory, tmp_path):
 
     plot_seeds([out / "pong-curve.json", out / "pong-curve.json"], tmp_path / "seeds.png")
     assert (tmp_path / "seeds.png").stat().st_size > 0
+    # cut at a budget, a curve's label reads the value at the budget: a run stopped there logs its last point a batch
+    # past it (its table's final value); a longer run is read at its last point before the cut
+    pts = [{"frames": 9_986_048, "wall_s": 1.0, "return": 609.25},
+           {"frames": 10_002_432, "wall_s": 2.0, "return": 604.15}]
+    (tmp_path / "ended.json").write_text(json.dumps(dict(doc, curve=pts, milestones={})))
+    longer = pts + [{"frames": 10_012_000, "wall_s": 3.0, "return": 700.0}]
+    (tmp_path / "longer.json").write_text(json.dumps(dict(doc, curve=longer, milestones={})))
+    labels = plot_seeds([tmp_path / "ended.json", tmp_path / "longer.json"], tmp_path / "cut.png",
+                        names=["ended", "longer"], max_frames=10_000_000)
+    assert labels == ["ended (+604.1 at 10.0M)", "longer (+609.2 at 10.0M)"], labels
     assert r["outcome"] == "completed"
     assert cli_main(["eval", str(out / "policy"), "--episodes", "2", "--envs", "2", "--out", str(tmp_path / "ev")]) == 0
 
