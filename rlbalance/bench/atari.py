@@ -111,7 +111,8 @@ def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
                      "best_anchor": {"value": best[0], "source": best[1]} if best else None,
                      "at_or_above_best": (final is not None and best is not None and final >= best[0]),
                      "peer": {k: peer[k] for k in ("seed", "frames", "final_return_last100", "wall_minutes",
-                                                   "fps_median", "outcome")} if peer else None})
+                                                   "fps_median", "outcome")} if peer else None,
+                     "own_settings": _own_settings(game, r)})
     doc = {"benchmark": "atari", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "games": rows}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "atari.json", doc)
@@ -127,10 +128,32 @@ def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
         lines.append(f"| {r['game']} | {r['seed']} | {r['frames'] / 1e6:.2f}M | {_f(r['final_return_last100'])} | "
                      f"{_f(r['best_return_last100'])} | {anchors} | {mark} | {r['wall_minutes']:.0f} | "
                      f"{_f(r['fps_median'], 0)} | {_peer(r['peer'])} |")
+    for r in rows:
+        own = r["own_settings"]
+        if own:
+            said = ", ".join(f"{k}={v}" for k, v in own["settings"].items())
+            lines += ["", f"{r['game']}: its own settings over the preset ({said}; the reason: "
+                      f"`ATARI_GAME_PRESETS` in rlbalance/config/presets.py); "
+                      + ("this run has them." if own["run_has_them"] else "**this run predates them**.")]
     (out / "atari.md").write_text("\n".join(lines) + "\n")
     if rows:
         _plot(out, rows, curves)
     return doc
+
+
+def _own_settings(game: str, curve: dict) -> dict | None:
+    """A game's own settings over the Atari preset for the run's agent (None where it has none), and whether the run
+    (its curve file's recorded config) has them."""
+    from rlbalance.config.presets import game_layer
+
+    own = game_layer(env_id(game), curve.get("agent", "vtrace"))
+    if not own:
+        return None
+    recorded = {"env": curve.get("env_config") or {}, "actors": curve.get("actors") or {},
+                "learner": curve.get("learner") or {}}
+    flat = {f"{sec}.{k}": v for sec, vals in own.items() for k, v in vals.items()}
+    return {"settings": flat, "run_has_them": all(recorded.get(sec, {}).get(k) == v
+                                                  for sec, vals in own.items() for k, v in vals.items())}
 
 
 def return_at(curve: list[dict], frames: float) -> float | None:

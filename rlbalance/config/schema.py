@@ -261,7 +261,9 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     imports = tuple(coerce("env", "imports", (overrides.get("env") or {}).get("imports", EnvConfig.imports)))
     name = presets.resolve(name, env_id, imports)  # an unknown name has no layer; RunConfig refuses it by name
     agent = coerce("learner", "agent", (overrides.get("learner") or {}).get("agent", LearnerConfig.agent))
-    user_buffers = "buffers_per_actor" in (overrides.get("actors") or {})
+    # a buffer count given by the user, or by an Atari game's own settings (measured with it), is kept as given
+    user_buffers = "buffers_per_actor" in (overrides.get("actors") or {}) or (
+        name == "atari" and "buffers_per_actor" in presets.game_layer(env_id, agent).get("actors", {}))
     user, preset_layer = overrides, presets.layer(name, env_id, agent)
     overrides = merge(preset_layer, overrides, {"run": {"preset": name}})
     try:

@@ -38,6 +38,28 @@ def test_table_from_curves_marks_the_games_at_or_above_the_best_anchor(tmp_path)
     doc = atari.write_table(tmp_path, ("Breakout", "Qbert", "BeamRider"))
     marks = {r["game"]: r["at_or_above_best"] for r in doc["games"]}
     assert marks == {"Breakout": True, "Qbert": False}  # BeamRider has no curve yet: no row
+    assert all(r["own_settings"] is None for r in doc["games"])
+
+
+def test_table_says_where_a_game_has_its_own_settings_and_whether_its_run_had_them(tmp_path):
+    """SpaceInvaders has settings of its own over the preset: the table names them, and says whether the run it
+    shows (its curve file's recorded config) was made with them or before them."""
+    si = atari.game_config("SpaceInvaders", 10_000_000, 1, tmp_path).to_dict()
+    bare = atari.game_config("SpaceInvaders", 10_000_000, 1, tmp_path, {"run": {"preset": "none"}}).to_dict()
+    for folder, cfg in (("with", si), ("before", bare)):
+        (tmp_path / folder / "SpaceInvaders").mkdir(parents=True)
+        (tmp_path / folder / "SpaceInvaders" / "curve.json").write_text(json.dumps({
+            "seed": 1, "frames": 10_000_000, "final_return_last100": 600.0, "best_return_last100": 600.0,
+            "wall_minutes": 60.0, "fps_median": 2000.0, "outcome": "completed", "agent": "vtrace",
+            "learner": cfg["learner"], "actors": cfg["actors"], "env_config": cfg["env"],
+            "curve": [{"frames": 10_000_000, "return": 600.0}]}))
+        (row,) = atari.write_table(tmp_path / folder, ("SpaceInvaders",))["games"]
+        own = row["own_settings"]
+        assert own["settings"]["learner.unroll_length"] == 128 and own["settings"]["env.episodic_life"] is True
+        assert own["run_has_them"] is (folder == "with")
+        md = (tmp_path / folder / "atari.md").read_text()
+        assert "SpaceInvaders: its own settings over the preset (" in md and "learner.unroll_length=128" in md
+        assert ("predates them" in md) is (folder == "before")
 
 
 def test_an_override_applies_on_top_of_the_preset_and_a_bad_one_stops_before_any_run(tmp_path, capsys):

@@ -145,3 +145,28 @@ def test_preset_buffer_count_follows_the_actor_layout_a_user_gives():
         C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"num_actors": 1, "buffers_per_actor": 1}})
     with pytest.raises(C.ConfigError, match=r"actors.buffers_per_actor=-1 is invalid.*>= 1"):
         C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"buffers_per_actor": -1}})
+
+
+def test_an_atari_games_own_settings_sit_over_the_preset_for_its_agent_only():
+    """SpaceInvaders' own settings (the PPO rollout and update it needs, with their measured reason in presets.py)
+    come over the Atari preset for the V-trace agent, under both of its ids; not for another game, not for R2D2, not
+    without the preset, and a user's own value beats them. Its buffer count is kept as measured (one batch in all)."""
+    from rlbalance.config.presets import ATARI_GAME_PRESETS, PRESETS
+
+    own = ATARI_GAME_PRESETS[("vtrace", "SpaceInvaders")]
+    for env_id in ("ALE/SpaceInvaders-v5", "SpaceInvadersNoFrameskip-v4"):
+        si = C.build({"env": {"id": env_id}})
+        assert si.run.preset == "atari" and si.env.episodic_life is True
+        assert (si.actors.num_actors, si.actors.envs_per_actor, si.actors.buffers_per_actor) == (1, 8, 1)
+        assert (si.learner.unroll_length, si.learner.batch_size) == (own["learner"]["unroll_length"], 8)
+        assert si.learner.ppo_clip_reference == "proximal" and si.learner.minibatch_split == "steps"
+        assert si.learner.learning_rate == PRESETS["atari"]["learner"]["learning_rate"]  # the rest is the preset's
+    pong = C.build({"env": {"id": "ALE/Pong-v5"}})
+    assert (pong.learner.unroll_length, pong.actors.num_actors, pong.env.episodic_life) == (20, 2, False)
+    r2d2 = C.build({"env": {"id": "ALE/SpaceInvaders-v5"}, "learner": {"agent": "r2d2"}})
+    assert (r2d2.actors.num_actors, r2d2.learner.batch_size, r2d2.env.episodic_life) == (2, 32, False)
+    bare = C.build({"env": {"id": "ALE/SpaceInvaders-v5"}, "run": {"preset": "none"}})
+    assert bare.learner.unroll_length == C.LearnerConfig.unroll_length and bare.env.episodic_life is False
+    mine = C.build({"env": {"id": "ALE/SpaceInvaders-v5", "episodic_life": False},
+                    "learner": {"unroll_length": 64}})
+    assert mine.env.episodic_life is False and mine.learner.unroll_length == 64 and mine.learner.batch_size == 8
