@@ -22,7 +22,8 @@ from pathlib import Path
 GAMES = ("Pong", "Breakout", "BeamRider", "SpaceInvaders", "Qbert")
 
 # Mean episode return at 10M frames (2.5M agent steps at frameskip 4) in published runs, read off their curves or
-# logs (issue 29 lists them): (value, who). No per-game tuning anywhere: the same preset for every game.
+# logs (issue 29 lists them): (value, who). The same preset for every game, but for SpaceInvaders' own settings over it
+# (presets.ATARI_GAME_PRESETS, with the measured reason).
 # Where they come from (checked 2026-12-07): CleanRL's and RLlib's tables are at 10M agent steps = 40M frames, so
 # each anchor is its curve at x = 2.5M steps. RLlib IMPALA: one 2018 run per game, ray-project/rl-experiments
 # atari-impala progress.csv, episode_reward_mean (Breakout 72 at 2.55M steps, BeamRider 566, SpaceInvaders 400,

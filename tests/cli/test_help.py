@@ -49,6 +49,14 @@ def test_a_value_from_the_preset_is_named_as_such(capsys):
     assert "learner.minibatches=4 is the classic preset's" in err
 
 
+def test_the_help_shows_an_atari_games_own_values():
+    from rlbalance.cli.options import default_text
+
+    text = default_text("learner", "unroll_length", 80)
+    assert "20 with the atari preset" in text and "128 for SpaceInvaders with the atari preset" in text
+    assert "SpaceInvaders" not in default_text("learner", "learning_rate", 1e-3)  # the game keeps the preset's
+
+
 @pytest.mark.parametrize("text, want", [("[myenvs]", ("myenvs",)), ("myenvs,other", ("myenvs", "other")),
                                          ('["myenvs"]', ("myenvs",)), ("[a, b]", ("a", "b"))])
 def test_list_values_parse_in_every_form_the_help_shows(text, want):
