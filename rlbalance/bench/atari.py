@@ -184,7 +184,8 @@ def compare_with(out: Path, against: Path, games: tuple[str, ...] = GAMES) -> di
                      "against_overrides": _overrides(against, game, b["seed"]), "fps_median": a["fps_median"],
                      "against_fps_median": b["fps_median"]})
         r = rows[-1]
-        names = [f"{_label(r['against_overrides'])} (seed {b['seed']})", f"{_label(r['overrides'])} (seed {a['seed']})"]
+        names = [f"{_label(r['against_overrides'], game)} (seed {b['seed']})",
+                 f"{_label(r['overrides'], game)} (seed {a['seed']})"]
         plot_seeds([theirs, mine], out / game / "vs-against.png", names=names,
                    title=f"{game}: {names[1]} against {names[0]}", max_frames=frames)
     doc = {"benchmark": "atari-compare", "against": against.name, "games": rows}
@@ -194,18 +195,24 @@ def compare_with(out: Path, against: Path, games: tuple[str, ...] = GAMES) -> di
              " median FPS here / there |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['game']} | {r['frames'] / 1e6:.2f}M | {_label(r['overrides'])} | {_f(r['return'])} | "
-                     f"{_label(r['against_overrides'])} | {_f(r['against_return'])} | "
+        lines.append(f"| {r['game']} | {r['frames'] / 1e6:.2f}M | {_label(r['overrides'], r['game'])} | "
+                     f"{_f(r['return'])} | {_label(r['against_overrides'], r['game'])} | {_f(r['against_return'])} | "
                      f"{r['seed']} / {r['against_seed']} | {_f(r['fps_median'], 0)} / "
                      f"{_f(r['against_fps_median'], 0)} |")
     (out / "compare.md").write_text("\n".join(lines) + "\n")
     return doc
 
 
-def _label(overrides: dict | None) -> str:
+def _label(overrides: dict | None, game: str = "") -> str:
+    """A run's settings as changes from what ``bench atari`` runs for its game now (the preset, and the game's own
+    settings over it where it has some)."""
     if overrides is None:
         return "?"
-    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "the preset"
+    from rlbalance.config.presets import game_layer
+
+    own = game and game_layer(env_id(game), "vtrace")
+    base = f"the preset with the {game} settings" if own else "the preset"
+    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or base
 
 
 def _overrides(folder: Path, game: str, seed: int) -> dict | None:

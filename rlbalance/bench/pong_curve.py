@@ -202,13 +202,21 @@ def _plot(rows: list[dict], result: dict, path: Path, milestones: tuple[float, .
     plt.close(fig)
 
 
+def _overshoot(result: dict, budget: float) -> float:
+    """How far past a frame budget a run that stopped at it may log its last point: one batch of frames, from its
+    recorded learner and env settings (0.1% of the budget where those are not recorded, or more)."""
+    lrn, env = result.get("learner") or {}, result.get("env_config") or {}
+    batch = (lrn.get("batch_size") or 0) * (lrn.get("unroll_length") or 0) * (env.get("frameskip") or 1)
+    return max(batch, 0.001 * budget)
+
+
 def plot_seeds(results: list[Path], path: Path, names: list[str] | None = None,
                title: str = "Pong with the Atari preset: seeds side by side", max_frames: float | None = None
                ) -> list[str]:
     """The curves of several pong-curve results (their pong-curve.json) on one figure: return against frames and
     against wall time, one line per seed (or per ``names``), with the +18 and -15 marks; ``max_frames``: cut the
     curves there (to compare runs of different lengths on the same budget; a run stopped at that budget logs its last
-    point up to a batch past it, so a run's final point within 0.1% past the cut is kept, and its label reads the
+    point up to a batch past it, so a run's final point that close past the cut is kept, and its label reads the
     value its table does). Returns the legend's labels."""
     import matplotlib
 
@@ -220,7 +228,7 @@ def plot_seeds(results: list[Path], path: Path, names: list[str] | None = None,
         r = json.loads(Path(p).read_text())
         pts = [c for c in r["curve"] if c["return"] is not None]
         if max_frames is not None and pts:
-            ended = pts[-1]["frames"] <= max_frames * 1.001  # the run stopped at this budget: its final point counts
+            ended = pts[-1]["frames"] <= max_frames + _overshoot(r, max_frames)  # it stopped at this budget
             pts = [c for c in pts[:-1] if c["frames"] <= max_frames] + pts[-1:] if ended else \
                 [c for c in pts if c["frames"] <= max_frames]
         name = names[i] if names else f"seed {r['seed']}"

@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from rlbalance.runtime.evaluate import evaluate
+    from rlbalance.runtime.evaluate import check_eval_args, evaluate
 
     from rlbalance.core.errors import ConfigError
     from rlbalance.runtime.rundir import RunDir
@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     out = run_dir if args.into_run else Path(args.out) if args.out else Path(
         "evals", f"{run_dir.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}")
     video = None
+    check_eval_args(args.episodes, args.envs, args.max_steps, args.threads)  # before the video is recorded
+    if args.video is not None and args.video_steps < 1:
+        raise ConfigError(f"--video-steps {args.video_steps}: must be >= 1")
     if args.video is not None:  # first: a run that cannot be recorded is refused before anything is written
         from rlbalance.runtime.evaluate import record_video
 

@@ -248,9 +248,10 @@ def fit_buffers(a: ActorsConfig, lrn: LearnerConfig) -> ActorsConfig:
     return dataclasses.replace(a, buffers_per_actor=least) if a.buffers_per_actor < least else a
 
 
-def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+def build(overrides: dict[str, dict[str, Any]] | None = None, preset_layer: bool = True) -> Config:
     """Build a Config from nested overrides {section: {field: value}} on top of the env family's preset
-    (``run.preset``, see rlbalance/config/presets.py) on top of the defaults."""
+    (``run.preset``, see rlbalance/config/presets.py) on top of the defaults; ``preset_layer`` False: on the defaults
+    alone (a recorded config, whose preset values are in it already), still naming ``run.preset``."""
     from rlbalance.config import presets
 
     overrides = overrides or {}
@@ -261,11 +262,15 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     imports = tuple(coerce("env", "imports", (overrides.get("env") or {}).get("imports", EnvConfig.imports)))
     name = presets.resolve(name, env_id, imports)  # an unknown name has no layer; RunConfig refuses it by name
     agent = coerce("learner", "agent", (overrides.get("learner") or {}).get("agent", LearnerConfig.agent))
-    # a buffer count given by the user, or by an Atari game's own settings (measured with it), is kept as given
+    user, layer = overrides, presets.layer(name, env_id, agent) if preset_layer else {}
+    game = presets.game_layer(env_id, agent) if name == "atari" and preset_layer else {}
+    # a buffer count given by the user is kept as given (it is checked); so is an Atari game's own, measured with its
+    # layout, while the user leaves that layout alone (otherwise it is fitted to the user's, as the preset's is)
+    layout = (("actors", "num_actors"), ("actors", "env_groups"), ("actors", "envs_per_actor"),
+              ("learner", "batch_size"))
     user_buffers = "buffers_per_actor" in (overrides.get("actors") or {}) or (
-        name == "atari" and "buffers_per_actor" in presets.game_layer(env_id, agent).get("actors", {}))
-    user, preset_layer = overrides, presets.layer(name, env_id, agent)
-    overrides = merge(preset_layer, overrides, {"run": {"preset": name}})
+        "buffers_per_actor" in game.get("actors", {}) and not any(k in (overrides.get(s) or {}) for s, k in layout))
+    overrides = merge(layer, overrides, {"run": {"preset": name}})
     try:
         sections = {}
         for sec, cls in SECTIONS.items():
@@ -283,12 +288,19 @@ def build(overrides: dict[str, dict[str, Any]] | None = None) -> Config:
                               + (f" ({hint})" if hint else ""))
         return Config(**sections)
     except ConfigError as e:
-        raise _name_preset_values(e, user, preset_layer, name) from None
+        raise _name_preset_values(e, user, layer, name, game and presets.atari_game(env_id), game) from None
 
 
-def _name_preset_values(e: ConfigError, user: dict, layer: dict, preset: str) -> ConfigError:
+def _name_preset_values(e: ConfigError, user: dict, layer: dict, preset: str, game_name: str = "",
+                        game: dict | None = None) -> ConfigError:
     """``e``, saying which of the values it names the preset set (the user did not: they may not know of them)."""
-    notes = [f"{sec}.{field}={layer[sec][field]!r} is the {preset} preset's" for sec, field in
+    game = game or {}
+
+    def whose(sec: str, field: str) -> str:
+        return (f"the {game_name} setting over the {preset} preset" if field in game.get(sec, {})
+                else f"the {preset} preset's")
+
+    notes = [f"{sec}.{field}={layer[sec][field]!r} is {whose(sec, field)}" for sec, field in
              dict.fromkeys(re.findall(r"\b([a-z0-9_]+)\.([a-z0-9_]+)=", str(e)))
              if field in layer.get(sec, {}) and field not in (user.get(sec) or {})]
     if not notes:
@@ -357,8 +369,10 @@ RESOLVED = "resolved"
 
 
 def from_dict(d: dict[str, Any]) -> Config:
-    """Rebuild a Config from ``to_dict`` output (e.g. a run directory's config.json)."""
-    return build({sec: vals for sec, vals in d.items() if sec != RESOLVED})
+    """Rebuild a Config from ``to_dict`` output (e.g. a run directory's config.json). The record holds its preset's
+    values already; a field it lacks is newer than the run, which ran as that field's default does, so the default
+    fills it, not today's preset."""
+    return build({sec: vals for sec, vals in d.items() if sec != RESOLVED}, preset_layer=False)
 
 
 def field_docs() -> list[tuple[str, str, Any, str]]:

@@ -39,13 +39,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     eval.json there (the run directory itself only when given as ``out_dir``: a run read is not a run written).
     Stops early after ``max_steps`` env steps, keeping the games finished by then (``complete`` False).
     ``threads``: torch intra-op threads for the policy while it plays (restored after); None keeps the process's."""
-    if episodes < 1:
-        raise ConfigError(f"--episodes {episodes}: must be >= 1")
-    if num_envs < 1:
-        raise ConfigError(f"--envs {num_envs}: must be >= 1")
-    if max_steps < 1:
-        raise ConfigError(f"--max-steps {max_steps}: must be >= 1")
-    _check_threads(threads)
+    check_eval_args(episodes, num_envs, max_steps, threads)
     run = RunDir(Path(run_dir))
     cfg = run.read_config()
     ckpt_path = Path(checkpoint) if checkpoint else run.latest_checkpoint()
@@ -62,18 +56,19 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     num_envs = min(num_envs, episodes)  # no env plays games nobody asked for
     per_env = math.ceil(episodes / num_envs)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    envs = EnvBatch(env_cfg, num_envs, seed)
     returns: list[list[float]] = [[] for _ in range(num_envs)]
     lengths: list[list[int]] = [[] for _ in range(num_envs)]
-    bar = _bar(per_env * num_envs, progress)
-    obs = envs.reset()
     core = model.initial_state(num_envs, dev) if model.recurrent else None
     first = torch.ones(num_envs, dtype=torch.bool, device=dev)
     steps, t0 = 0, time.perf_counter()
-    with torch_threads(threads) as used_threads, contextlib.ExitStack() as done:
+    with contextlib.ExitStack() as done:  # each thing made is undone on the way out, however it is left
+        envs = EnvBatch(env_cfg, num_envs, seed)
         done.callback(envs.close)
+        bar = _bar(per_env * num_envs, progress)
         if bar is not None:
             done.callback(bar[0].stop)
+        used_threads = done.enter_context(torch_threads(threads))
+        obs = envs.reset()
         while any(len(r) < per_env for r in returns) and steps < max_steps:
             actions, core = policy_actions(model, torch.from_numpy(obs).to(dev), gen, greedy, core, first)
             r = envs.step(actions.cpu().numpy())
@@ -111,7 +106,11 @@ def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy:
     return result
 
 
-def _check_threads(threads: int | None) -> None:
+def check_eval_args(episodes: int = 1, num_envs: int = 1, max_steps: int = 1, threads: int | None = None) -> None:
+    """Refuse a bad count (a ConfigError naming its option) before anything is played or written."""
+    for name, value in (("--episodes", episodes), ("--envs", num_envs), ("--max-steps", max_steps)):
+        if value < 1:
+            raise ConfigError(f"{name} {value}: must be >= 1")
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads {threads}: must be >= 1 (one per core is the fastest on an idle machine)")
 
@@ -150,7 +149,9 @@ def record_video(run_dir: str | Path, out: str | Path, greedy: bool = False,
 
     from rlbalance.envs.batch import _check_id, make_single
 
-    _check_threads(threads)
+    check_eval_args(threads=threads)
+    if max_steps < 1:
+        raise ConfigError(f"--video-steps {max_steps}: must be >= 1")
     run = RunDir(Path(run_dir))
     cfg = run.read_config()
     env_cfg = dataclasses.replace(cfg.env, backend="gymnasium")  # EnvPool does not render; same preprocessing

@@ -181,6 +181,13 @@ def test_pong_curve_files_from_a_run(cfg_factory, tmp_path):
     labels = plot_seeds([tmp_path / "ended.json", tmp_path / "longer.json"], tmp_path / "cut.png",
                         names=["ended", "longer"], max_frames=10_000_000)
     assert labels == ["ended (+604.1 at 10.0M)", "longer (+609.2 at 10.0M)"], labels
+    # one recorded batch (8 unrolls of 128 steps, frameskip 4: 4,096 frames) past a 2M budget is still its end
+    short = [{"frames": 1_990_000, "wall_s": 1.0, "return": 240.0},
+             {"frames": 2_002_944, "wall_s": 2.0, "return": 247.5}]
+    (tmp_path / "short.json").write_text(json.dumps(dict(doc, curve=short, milestones={}, env_config={"frameskip": 4},
+                                                         learner={"batch_size": 8, "unroll_length": 128})))
+    assert plot_seeds([tmp_path / "short.json"], tmp_path / "short.png", names=["s"], max_frames=2_000_000) == \
+        ["s (+247.5 at 2.0M)"]
     assert r["outcome"] == "completed"
     assert cli_main(["eval", str(out / "policy"), "--episodes", "2", "--envs", "2", "--out", str(tmp_path / "ev")]) == 0
 

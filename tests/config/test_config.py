@@ -170,3 +170,34 @@ def test_an_atari_games_own_settings_sit_over_the_preset_for_its_agent_only():
     mine = C.build({"env": {"id": "ALE/SpaceInvaders-v5", "episodic_life": False},
                     "learner": {"unroll_length": 64}})
     assert mine.env.episodic_life is False and mine.learner.unroll_length == 64 and mine.learner.batch_size == 8
+
+
+def test_a_games_buffer_count_is_fitted_when_the_user_changes_its_layout_and_errors_name_the_game():
+    """SpaceInvaders' one buffer per actor holds for its own layout (1 actor of 8 envs, batches of 8 unrolls); a user
+    who changes that layout gets the count fitted to theirs, as with the preset's; a bad value names the game."""
+    assert C.build({"env": {"id": "ALE/SpaceInvaders-v5"}}).num_buffers == 1
+    for extra in ({"learner": {"batch_size": 16}}, {"actors": {"envs_per_actor": 4}}, {"actors": {"num_actors": 2}}):
+        cfg = C.build(C.merge({"env": {"id": "ALE/SpaceInvaders-v5"}}, extra))
+        assert cfg.num_buffers > cfg.buffers_per_batch, (extra, cfg.actors)  # a buffer to fill while a batch trains
+    with pytest.raises(C.ConfigError, match=r"envs_per_actor=8 is the SpaceInvaders setting over the atari preset"):
+        C.build({"env": {"id": "ALE/SpaceInvaders-v5"}, "learner": {"batch_size": 12}})
+
+
+def test_a_recorded_config_reads_back_as_it_ran_not_with_newer_preset_values(tmp_path):
+    """A config.json written before a field existed reads back with that field's default (how the run ran), not
+    with what today's preset or a game's own settings would set: a resumed run keeps its own setup."""
+    from rlbalance.runtime.rundir import RunDir
+
+    old = C.build({"env": {"id": "ALE/SpaceInvaders-v5"}, "run": {"preset": "atari"}}).to_dict()
+    old["env"]["episodic_life"] = False  # the preset's run of SpaceInvaders, from before the game's own settings
+    old["actors"].update(num_actors=2, envs_per_actor=16, buffers_per_actor=2)
+    old["learner"].update(unroll_length=20, batch_size=32)
+    for field in ("ppo_clip_reference", "minibatch_split"):  # fields newer than the run
+        del old["learner"][field]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    back = RunDir(tmp_path).read_config()
+    assert back.learner.ppo_clip_reference == C.LearnerConfig.ppo_clip_reference == "behaviour"
+    assert back.learner.minibatch_split == C.LearnerConfig.minibatch_split
+    assert (back.env.episodic_life, back.actors.num_actors, back.learner.unroll_length) == (False, 2, 20)
+    assert back.run.preset == "atari" and back.learner.epochs == 4  # the recorded preset values stay
+    assert C.from_dict(C.build({"env": {"id": "ALE/SpaceInvaders-v5"}}).to_dict()).learner.unroll_length == 128

@@ -51,8 +51,6 @@ def test_eval_without_checkpoint_names_the_fix(tmp_path, capsys):
     assert "--episodes" in capsys.readouterr().err
     assert main(["eval", str(run), "--threads", "0"]) == 2
     assert "--threads 0: must be >= 1" in capsys.readouterr().err
-    assert main(["eval", str(run), "--threads", "0", "--video", str(tmp_path / "v.mp4")]) == 2  # before the video
-    assert "--threads 0: must be >= 1" in capsys.readouterr().err and not (tmp_path / "v.mp4").exists()
 
 
 def test_eval_out_of_steps_keeps_the_games_played(cfg_factory):
@@ -107,6 +105,12 @@ def test_eval_video_writes_a_playable_mp4(cfg_factory, tmp_path, capsys):
     seconds = float(re.search(r"\(([0-9.]+) s\)", printed).group(1))
     assert abs(n / fps - seconds) < 0.05  # the duration the player shows is the one reported
     assert not list(tmp_path.glob("*.tmp.mp4"))
+    # a bad count is refused before the video is recorded: nothing is written
+    for bad in (["--threads", "0"], ["--episodes", "0"], ["--max-steps", "0"], ["--video-steps", "0"]):
+        assert main(["eval", s["run_dir"], "--video", str(tmp_path / "bad.mp4"), "--out", str(tmp_path / "bad"),
+                     *bad]) == 2
+        assert f"{bad[0]} 0: must be >= 1" in capsys.readouterr().err, bad
+        assert not (tmp_path / "bad.mp4").exists() and not (tmp_path / "bad").exists()
     # the recorded game plays with --threads too, and the process's own count comes back after
     import torch
 
