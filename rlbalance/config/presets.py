@@ -57,8 +57,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # rlbalance.agents.precision) makes the learner faster: on a 2-vCPU Xeon with AMX its ceiling was 2.1x the
     # float32 learner's before these changes, end to end 1.26x (bench/results/precision/, precision-e2e/). But it
     # did not show that it learns the same: at seed 2 it reached +18 at 8.30M frames against 6.05M for float32
-    # (5.26M at seed 1), which at those speeds is no gain in time to +18 (bench/results/pong-bf16/). One seed each
-    # way: the default waits for more.
+    # (bench/results/pong-bf16/); at seed 1 at 5.49M against 5.26M (bench/results/pong-bf16-seed1/): a mean of 1.22x
+    # the frames over two seeds, about what its end-to-end speed-up (1.16-1.26x) wins back, so no gain in time to
+    # +18 shown. The default stays float32.
     "atari": {
         "env": {"backend": "envpool", "sticky_actions": 0.0, "noop_max": 30, "episodic_life": False},
         "actors": {"num_actors": 2, "envs_per_actor": 16, "env_groups": 1, "buffers_per_actor": 2},

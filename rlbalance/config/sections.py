@@ -232,8 +232,8 @@ class LearnerConfig:
                               "bfloat16 natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU that supports it), else "
                               "fp32; a run records what it chose, and why, in config.json ('resolved'). 'fp32': "
                               "float32 throughout. Images are channels-last either way. bfloat16 makes the Atari "
-                              "learner ~2x faster on a CPU with AMX, but one Pong seed with it took 1.37x the frames "
-                              "to +18 (bench/results/pong-bf16/), so no preset turns it on yet.")
+                              "learner ~2x faster on a CPU with AMX, but two Pong seeds took 1.04x and 1.37x the "
+                              "frames to +18 (bench/results/pong-bf16*/), so no preset turns it on.")
 
     @property
     def core_units(self) -> int:

@@ -53,7 +53,7 @@ def test_config_refuses_an_unknown_precision():
 
 
 def test_atari_preset_stays_at_float32_until_bfloat16_is_shown_to_learn_the_same():
-    # bench/results/pong-bf16/: one seed of bfloat16 took 1.37x the frames of float32 to +18
+    # bench/results/pong-bf16/, pong-bf16-seed1/: bfloat16 took 1.37x and 1.04x float32's frames to +18 (seeds 2, 1)
     assert C.build({"env": {"id": "ALE/Pong-v5"}}).learner.torso_precision == "fp32"
     assert C.build({"env": {"id": "ALE/Pong-v5"}, "learner": {"agent": "r2d2"}}).learner.torso_precision == "fp32"
     asked = C.build({"env": {"id": "ALE/Pong-v5"}, "learner": {"torso_precision": "auto"}})
