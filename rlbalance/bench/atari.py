@@ -147,7 +147,7 @@ def _own_settings(game: str, curve: dict) -> dict | None:
     (its curve file's recorded config) has them."""
     from rlbalance.config.presets import game_layer
 
-    own = game_layer(env_id(game), curve.get("agent", "vtrace"))
+    own = game_layer("atari", env_id(game), curve.get("agent", "vtrace"))
     if not own:
         return None
     recorded = {"env": curve.get("env_config") or {}, "actors": curve.get("actors") or {},
@@ -210,7 +210,7 @@ def _label(overrides: dict | None, game: str = "") -> str:
         return "?"
     from rlbalance.config.presets import game_layer
 
-    own = game and game_layer(env_id(game), "vtrace")
+    own = game and game_layer("atari", env_id(game), "vtrace")
     base = f"the preset with the {game} settings" if own else "the preset"
     return ", ".join(f"{k}={v}" for k, v in overrides.items()) or base
 

@@ -195,9 +195,10 @@ def atari_game(env_id: str) -> str:
     return env_id.removeprefix("ALE/").partition("-v")[0].removesuffix("NoFrameskip")
 
 
-def game_layer(env_id: str, agent: str) -> dict[str, dict[str, Any]]:
-    """The settings an Atari game has of its own for ``agent`` over the Atari preset ({} for most)."""
-    return ATARI_GAME_PRESETS.get((agent, atari_game(env_id)), {}) if is_atari(env_id) else {}
+def game_layer(name: str, env_id: str, agent: str) -> dict[str, dict[str, Any]]:
+    """The settings an Atari game has of its own for ``agent`` over preset ``name`` when that is the Atari preset
+    ({} for most games, and under any other preset)."""
+    return ATARI_GAME_PRESETS.get((agent, atari_game(env_id)), {}) if name == "atari" and is_atari(env_id) else {}
 
 
 def layer(name: str, env_id: str = "", agent: str = "vtrace") -> dict[str, Any]:
@@ -209,7 +210,7 @@ def layer(name: str, env_id: str = "", agent: str = "vtrace") -> dict[str, Any]:
             out.setdefault(sec, {}).update(vals)
     # the agent's own values come with the agent (also under run.preset=none); its per-family ones with the family
     for extra in (AGENT_PRESETS.get(agent, {}), AGENT_FAMILY_PRESETS.get((agent, name), {}),
-                  game_layer(env_id, agent) if name == "atari" else {}):
+                  game_layer(name, env_id, agent)):
         for sec, vals in extra.items():
             out.setdefault(sec, {}).update(vals)
     return out

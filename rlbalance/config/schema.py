@@ -263,7 +263,7 @@ def build(overrides: dict[str, dict[str, Any]] | None = None, preset_layer: bool
     name = presets.resolve(name, env_id, imports)  # an unknown name has no layer; RunConfig refuses it by name
     agent = coerce("learner", "agent", (overrides.get("learner") or {}).get("agent", LearnerConfig.agent))
     user, layer = overrides, presets.layer(name, env_id, agent) if preset_layer else {}
-    game = presets.game_layer(env_id, agent) if name == "atari" and preset_layer else {}
+    game = presets.game_layer(name, env_id, agent) if preset_layer else {}
     # a buffer count given by the user is kept as given (it is checked); so is an Atari game's own, measured with its
     # layout, while the user leaves that layout alone (otherwise it is fitted to the user's, as the preset's is)
     layout = (("actors", "num_actors"), ("actors", "env_groups"), ("actors", "envs_per_actor"),
