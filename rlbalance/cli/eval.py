@@ -58,8 +58,6 @@ def run(args: argparse.Namespace) -> int:
         "evals", f"{run_dir.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}")
     video = None
     check_eval_args(args.episodes, args.envs, args.max_steps, args.threads)  # before the video is recorded
-    if args.video is not None and args.video_steps < 1:
-        raise ConfigError(f"--video-steps {args.video_steps}: must be >= 1")
     if args.video is not None:  # first: a run that cannot be recorded is refused before anything is written
         from rlbalance.runtime.evaluate import record_video
 
