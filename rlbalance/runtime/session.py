@@ -16,6 +16,7 @@ from rlbalance.agents.base import LearnerBase
 from rlbalance.agents.nets import resolve_model
 from rlbalance.config import Config
 from rlbalance.core.jsonio import atomic_write_json
+from rlbalance.core.thinned import Thinned
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
 from rlbalance.runtime.rundir import RunDir
@@ -104,6 +105,7 @@ def _timed(warm: RoleShares | None, whole: RoleShares | None) -> tuple[RoleShare
     return (warm.with_roles(whole, missing) if missing else warm), True
 
 
+VERDICT_CAP = 2048  # verdicts telemetry.json keeps (one per metrics record): evenly thinned beyond it
 STRAGGLER_GAP = 0.15  # a learner rank waiting for its actors' data this much more of its time than the others
 
 
@@ -152,7 +154,7 @@ class Session:
         self.cumulative_all = RoleShares()  # the whole run, for runs shorter than the warm-up
         self.batch_sizes: Counter = Counter()
         self.extra_scalars: dict[str, float] = {}
-        self.verdicts: list[dict] = []
+        self.verdicts: Thinned[dict] = Thinned(VERDICT_CAP)  # a verdict per record: bounded for any run length
         self._shown_fps, self._shown_steps = 0.0, learner.steps  # what the progress bar shows
         self.actor_pool = None  # set by the parallel runner: restarts and lost actor-seconds
         self.nodes = None  # set by the Ray runner: per-node CPU figures reported by the actors
@@ -248,8 +250,8 @@ class Session:
         if self.actor_pool is not None:
             scalars["actors/restarts"] = self.actor_pool.restarts
             scalars["actors/lost_seconds"] = self.actor_pool.pending_lost_seconds()
-        if self.sampler is not None and self.sampler.samples:
-            s = self.sampler.samples[-1]
+        if self.sampler is not None and self.sampler.last is not None:
+            s = self.sampler.last
             scalars["hw/cpu_util"] = float(np.mean(s.cpu_per_core))
             scalars.update({f"hw/cpu_cores_{role}": v for role, v in s.proc_cpu.items()})
             scalars["hw/cpu_power_w"] = s.cpu_power_w
@@ -300,7 +302,7 @@ class Session:
         self.learner.annotate_verdict(verdict)  # and what the verdict means for it
         return {"stage_shares": shares, "hardware": hw, "verdict": verdict, "latency_ms": latencies,
                 "transport": transport,
-                "verdict_timeline": self.verdicts,
+                "verdict_timeline": self.verdicts.items(),
                 "nodes": self.nodes.summary() if self.nodes is not None else {},
                 **self.extra_info,
                 "inference_batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from rlbalance.core.thinned import Thinned
+
 
 @dataclass(frozen=True)
 class PowerModel:
@@ -59,6 +61,8 @@ def read_rapl_ranges_uj() -> dict[str, int]:
     return out
 
 
+#: hardware samples a run's timeline holds at most (a day at 1/s is 86,400): evenly thinned beyond it
+TIMELINE_CAP = 2048
 RAPL_MAX_W_PER_PACKAGE = 1000.0  # no CPU package draws more: a larger figure is a counter fault, never measured
 
 
@@ -135,7 +139,14 @@ class HardwareSampler:
     rapl_range_reader: object = read_rapl_ranges_uj
 
     def __post_init__(self) -> None:
-        self.samples: list[Sample] = []
+        # The whole run in bounded memory (a sample a second for days would not be): running sums for the summary,
+        # the latest sample for the live figures, and an evenly thinned timeline for the report's plots.
+        self.samples: Thinned[Sample] = Thinned(TIMELINE_CAP)
+        self._sum = {"n": 0, "cpu": 0.0, "cpu_w": 0.0, "gpu_w": 0.0, "gpu_util": 0.0, "gpu_n": 0}
+        self._role_cpu: dict[str, float] = {}
+        self._role_rss_max: dict[str, int] = {}
+        self.cores = 0
+        self.t0: float | None = None
         self.pids: dict[str, list[int]] = {"learner": [os.getpid()]}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -218,32 +229,54 @@ class HardwareSampler:
         self.energy["cpu_j"] += cpu_w * dt
         self.energy["gpu_j"] += gpu_w * dt
         s = Sample(now, per_core, proc_cpu, rss, gpus, cpu_w, cpu_src, gpu_w, gpu_src)
-        self.samples.append(s)
+        self._add(s)
         return s
 
+    def _add(self, s: Sample) -> None:
+        if self.t0 is None:
+            self.t0 = s.t
+        self.samples.append(s)
+        a = self._sum
+        a["n"] += 1
+        self.cores = self.cores or len(s.cpu_per_core)
+        a["cpu"] += sum(s.cpu_per_core)
+        a["cpu_w"] += s.cpu_power_w
+        a["gpu_w"] += s.gpu_power_w
+        a["gpu_util"] += sum(g["util"] for g in s.gpus)
+        a["gpu_n"] += len(s.gpus)
+        for r, v in s.proc_cpu.items():
+            self._role_cpu[r] = self._role_cpu.get(r, 0.0) + v
+        for r, v in s.rss.items():
+            self._role_rss_max[r] = max(self._role_rss_max.get(r, 0), v)
+
+    @property
+    def last(self) -> Sample | None:
+        """The latest sample (None before the first)."""
+        return self.samples.last
+
     def summary(self) -> dict:
-        if not self.samples:
+        """Means over every sample of the run (running sums: no sample is dropped from them), the largest RSS
+        of each role, energy, and the power sources of the latest sample."""
+        a, last = self._sum, self.samples.last
+        if not a["n"]:
             return {}
-        n = len(self.samples)
-        cores = len(self.samples[0].cpu_per_core)
-        roles = sorted({r for s in self.samples for r in s.proc_cpu})
+        n = a["n"]
+        roles = sorted(self._role_cpu)
         out = {
-            "cpu_util_mean": sum(sum(s.cpu_per_core) for s in self.samples) / (n * cores),
-            "cpu_cores": cores,
-            "role_cpu_cores": {r: sum(s.proc_cpu.get(r, 0.0) for s in self.samples) / n for r in roles},
-            "role_rss_max": {r: max(s.rss.get(r, 0) for s in self.samples) for r in roles},
-            "cpu_power_w": {"value": sum(s.cpu_power_w for s in self.samples) / n,
-                            "source": self.samples[-1].cpu_power_source},
-            "gpu_power_w": {"value": sum(s.gpu_power_w for s in self.samples) / n,
-                            "source": self.samples[-1].gpu_power_source},
+            "cpu_util_mean": a["cpu"] / (n * self.cores),
+            "cpu_cores": self.cores,
+            "role_cpu_cores": {r: self._role_cpu[r] / n for r in roles},
+            "role_rss_max": {r: self._role_rss_max.get(r, 0) for r in roles},
+            "cpu_power_w": {"value": a["cpu_w"] / n, "source": last.cpu_power_source},
+            "gpu_power_w": {"value": a["gpu_w"] / n, "source": last.gpu_power_source},
             "base_power_w": {"value": self.model.base_watts, "source": "modeled"},
             "energy_cpu_j": {"value": self.energy["cpu_j"], "source": self.energy["cpu_source"]},
             "energy_gpu_j": {"value": self.energy["gpu_j"], "source": self.energy["gpu_source"]},
             "rapl_samples_dropped": self.rapl_dropped,
+            "samples": n,
         }
-        if self.samples[-1].gpus:
-            out["gpu_util_mean"] = {"value": sum(g["util"] for s in self.samples for g in s.gpus) /
-                                    sum(len(s.gpus) for s in self.samples), "source": "measured"}
+        if last.gpus and a["gpu_n"]:
+            out["gpu_util_mean"] = {"value": a["gpu_util"] / a["gpu_n"], "source": "measured"}
         out["node_power_w"] = {"value": out["cpu_power_w"]["value"] + out["gpu_power_w"]["value"] +
                                self.model.base_watts,
                                "source": "measured" if (out["cpu_power_w"]["source"] == "measured" and
@@ -251,8 +284,10 @@ class HardwareSampler:
         return out
 
     def timeline(self) -> list[dict]:
-        t0 = self.samples[0].t if self.samples else 0.0
+        """The samples held (all of a short run; of a long one, evenly thinned to at most TIMELINE_CAP), times from
+        the first sample."""
+        t0 = self.t0 or 0.0
         return [{"t": s.t - t0, "cpu_per_core": s.cpu_per_core, "proc_cpu": s.proc_cpu, "rss": s.rss,
                  "cpu_power_w": s.cpu_power_w, "cpu_power_source": s.cpu_power_source,
                  "gpu_power_w": s.gpu_power_w, "gpu_power_source": s.gpu_power_source,
-                 "gpu_util": [g["util"] for g in s.gpus]} for s in self.samples]
+                 "gpu_util": [g["util"] for g in s.gpus]} for s in self.samples.items()]

@@ -9,12 +9,36 @@ import io
 import json
 from pathlib import Path
 
+from rlbalance.core.thinned import Thinned
 from rlbalance.telemetry.metrics import with_gaps
 from rlbalance.telemetry.verdict import VERDICTS, advise
 
 
+#: metrics records a report reads at most: a day's run writes ~50 MB of them; read line by line and thinned evenly
+#: beyond this (each session's first record kept, so its gap still shows), the report's memory is bounded
+METRICS_CAP = 4096
+
+
+def read_metrics(path: Path, cap: int = METRICS_CAP) -> list[dict]:
+    """metrics.jsonl, one line at a time, in bounded memory: every record of a run up to ``cap``, then evenly
+    thinned over the whole run (the last record and each session's first always kept)."""
+    kept: Thinned[tuple[int, dict]] = Thinned(cap)
+    firsts: list[tuple[int, dict]] = []
+    session, raw = None, None
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if rec.get("session", 0) != session or (raw is not None and rec["time_s"] < raw):
+                firsts.append((i, rec))  # a session starts (with_gaps draws the gap before it)
+            session, raw = rec.get("session", 0), rec["time_s"]
+            kept.append((i, rec))
+    return [rec for _, rec in sorted(dict([*kept.items(), *firsts]).items())]
+
+
 def _load(run: Path) -> dict:
-    d = {"metrics": [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]}
+    d = {"metrics": read_metrics(run / "metrics.jsonl")}
     for name in ("summary", "telemetry", "config", "meta", "profile", "eval"):
         p = run / f"{name}.json"
         d[name] = json.loads(p.read_text()) if p.is_file() else {}
