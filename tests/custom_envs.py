@@ -105,6 +105,8 @@ def make_corridor():
     return gym.wrappers.TimeLimit(Corridor(length=7), 30)
 
 
+# an env-creating function is taken as env.id only where its module registers it so (issue 44)
+gym.register("Corridor7-v0", entry_point=make_corridor)
 gym.register("IntBox-v0", entry_point=IntBox)
 gym.register("Switches-v0", entry_point=Switches)
 gym.register("Bits-v0", entry_point=Switches, kwargs={"binary": True})

@@ -307,13 +307,13 @@ def _check_run(run: Path, sessions: list[dict]) -> dict:
         got = meta.get("resumed_from_steps") if isinstance(meta, dict) else None
         checks["resume"] = {"ok": want is not None and got == want, "last_checkpoint_before_kill": last,
                             "resumed_from_steps": got}
-    import torch
+    from rlbalance.runtime.rundir import RunDir
 
     tmp = sorted(p.name for p in (run / "checkpoints").glob("*.tmp")) if (run / "checkpoints").exists() else []
     unreadable = []
     for c in _checkpoints(run):
         try:
-            torch.load(c, map_location="cpu", weights_only=False)
+            RunDir(run).load_checkpoint(c)  # the loader training resumes with (weights_only, the format checked)
         except Exception as e:  # noqa: BLE001 - any failure to load is what we look for
             unreadable.append(f"{c.name}: {type(e).__name__}")
     checks["checkpoints"] = {"ok": not tmp and not unreadable and bool(_checkpoints(run)),

@@ -157,7 +157,7 @@ def ppo_envpool_atari(game: str, frames: int, seed: int, state_path: Path, progr
     n, t_len = s["num_envs"], s["num_steps"]
     run = {"game": game, "seed": seed, "frames": 0, "wall_s": 0.0, "returns": [], "curve": [], "settings": s,
            "sessions": 0}
-    saved = torch.load(state_path, map_location="cpu", weights_only=False) if state_path.is_file() else None
+    saved = torch.load(state_path, map_location="cpu", weights_only=True) if state_path.is_file() else None
     if saved is not None:
         was = saved["run"]
         if (was["game"], was["seed"], was["settings"]) != (game, seed, s):

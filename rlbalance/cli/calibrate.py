@@ -11,7 +11,7 @@ import argparse
 import json
 
 from rlbalance import config as C
-from rlbalance.cli.options import add_config_arguments, cli_overrides
+from rlbalance.cli.options import add_config_arguments, cli_overrides, read_config_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rlbalance.analysis.calibrate import run_calibration, save
 
-    cfg = C.build(C.merge(C.read_file(args.config) if args.config else {}, cli_overrides(args)))
+    cfg = C.build(C.merge(read_config_file(args), cli_overrides(args)))
     cal = run_calibration(cfg, quick=args.quick, progress=lambda s: print(f"calibrate: {s}", flush=True))
     path = save(cal, args.out)
     print(json.dumps({k: cal[k] for k in ("env_step_us", "inference_ms", "train_step_ms", "pipe_round_trip_us",

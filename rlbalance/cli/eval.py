@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video", nargs="?", const="", default=None, metavar="MP4",
                    help="also record one game as an MP4 (to MP4, or video.mp4 beside eval.json without a path); "
                    "Atari at 15 frames/s, one frame per agent step")
+    p.add_argument("--trust-modules", action="store_true", help="import the modules the run's config.json names "
+                   "(env.id 'module:Name', env.imports, learner.agent 'module:Agent'); without it they are shown and "
+                   "refused before anything is imported, since a run directory may come from anyone")
     p.add_argument("--video-steps", type=int, default=10_000, help="--video: stop the game after this many agent steps")
 
 
@@ -52,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.into_run and args.out:
         raise ConfigError("--out and --into-run: give one (--into-run writes into the run directory itself)")
-    RunDir(Path(args.run_dir)).read_config()  # a missing run is refused before anything is written
+    # a missing run, or one naming modules not confirmed, is refused before anything is written
+    RunDir(Path(args.run_dir)).read_config(trust_modules=args.trust_modules)
     run_dir = Path(args.run_dir)
     out = run_dir if args.into_run else Path(args.out) if args.out else Path(
         "evals", f"{run_dir.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -63,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
         video = record_video(args.run_dir, args.video or out / "video.mp4", greedy=args.greedy,
                              checkpoint=args.checkpoint, device=args.device, seed=args.seed,
-                             max_steps=args.video_steps, threads=args.threads)
+                             max_steps=args.video_steps, threads=args.threads, trust_modules=args.trust_modules)
     r = evaluate(args.run_dir, episodes=args.episodes, num_envs=args.envs, greedy=args.greedy,
                  checkpoint=args.checkpoint, device=args.device, seed=args.seed, max_steps=args.max_steps,
-                 out_dir=out, threads=args.threads)
+                 out_dir=out, threads=args.threads, trust_modules=args.trust_modules)
     console = Console()
     if r["episodes"]:
         console.print(

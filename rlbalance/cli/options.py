@@ -78,6 +78,10 @@ def default_text(sec: str, name: str, default) -> str:
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML or YAML config file (defaults < preset < file < command "
                    "line).")
+    p.add_argument("--trust-modules", action="store_true", help="import the modules a config file (or a resumed "
+                   "run's config.json) names: env.id 'module:Name', env.imports, learner.agent 'module:Agent'. "
+                   "Without it they are shown and refused, since importing a module runs its code and a file may "
+                   "come from anyone; naming the same field on the command line confirms it too.")
     p.add_argument("--set", metavar="SECTION.FIELD=VALUE", action="append", default=[],
                    help="Override any field, e.g. --set learner.batch_size=128 (repeatable).")
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -108,4 +112,9 @@ def cli_overrides(args: argparse.Namespace) -> dict:
 
 
 def load_config(args: argparse.Namespace) -> C.Config:
-    return C.load(args.config, cli_overrides(args))
+    return C.load(args.config, cli_overrides(args), trust_modules=args.trust_modules)
+
+
+def read_config_file(args: argparse.Namespace) -> dict:
+    """The --config file's layer (empty without one), its modules confirmed by the command line or --trust-modules."""
+    return C.read_file(args.config, cli_overrides(args), args.trust_modules) if args.config else {}

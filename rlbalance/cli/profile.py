@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from rlbalance import config as C
-from rlbalance.cli.options import add_config_arguments, cli_overrides
+from rlbalance.cli.options import add_config_arguments, cli_overrides, read_config_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rlbalance.analysis.profiling import profile_run
 
-    over = C.merge({"run": {"total_steps": 20_000}}, C.read_file(args.config) if args.config else {},
+    over = C.merge({"run": {"total_steps": 20_000}}, read_config_file(args),
                    cli_overrides(args))
     cfg = C.build(over)
     prof, run_dir = profile_run(cfg, steps=args.steps)

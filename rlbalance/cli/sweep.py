@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from rlbalance import config as C
-from rlbalance.cli.options import add_config_arguments, cli_overrides
+from rlbalance.cli.options import add_config_arguments, cli_overrides, read_config_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rlbalance.analysis.sweep import done_keys, expand, open_db, parse_axes, run_key, run_sweep
 
-    base = C.merge(C.read_file(args.config) if args.config else {}, cli_overrides(args))
+    base = C.merge(read_config_file(args), cli_overrides(args))
     axes = parse_axes(args.axis)
     if not axes:
         raise C.ConfigError("--axis: give at least one axis, e.g. --axis actors.num_actors=1,2,4")

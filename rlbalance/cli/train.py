@@ -24,6 +24,8 @@ from rlbalance.cli.options import add_config_arguments, cli_overrides, load_conf
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="Continue a run from its latest checkpoint; the run's own "
                    "config is used, with any --set/--section.field overrides on top (e.g. a larger run.total_steps).")
+    p.add_argument("--allow-other-owner", action="store_true", help="--resume a run directory that another user "
+                   "owns (refused otherwise: resuming writes into it as you)")
     p.add_argument("--ray", metavar="ADDRESS", help="Run the actors on a Ray cluster: 'local' starts a private one "
                    "on 127.0.0.1; HOST:PORT or 'auto' joins a running one (same as --ray.address).")
     add_config_arguments(p)
@@ -36,15 +38,17 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         args.set = [*args.set, f"ray.address={args.ray}"]
     if args.resume:
-        base = RunDir(args.resume).read_config().to_dict()
+        cli = cli_overrides(args)
+        RunDir(args.resume).check_owner(args.allow_other_owner)
+        base = RunDir(args.resume).read_config(cli, args.trust_modules).to_dict()
         layers = [base]
         if args.config:
-            layers.append(C.read_file(args.config))
-        layers.append(cli_overrides(args))
+            layers.append(C.read_file(args.config, cli, args.trust_modules))
+        layers.append(cli)
         cfg = C.build(C.merge(*layers))
     else:
         cfg = load_config(args)
-    summary = train(cfg, resume=args.resume)
+    summary = train(cfg, resume=args.resume, allow_other_owner=args.allow_other_owner)
     if summary.get("rank"):  # a learner rank of a torchrun launch: rank 0 prints the run's summary
         print(f"learner rank {summary['rank']}: {summary['outcome']}")
     else:

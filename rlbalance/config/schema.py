@@ -38,6 +38,7 @@ from rlbalance.config.sections import (
     TelemetryConfig,
     _require,
 )
+from rlbalance.config.trust import confirm_code
 from rlbalance.core.errors import ConfigError
 
 
@@ -235,6 +236,12 @@ def env_id_of(make: Any) -> str:
     if module == "__main__":
         raise ConfigError(f"env.id={make!r} is defined in the script being run (or a notebook), which actor "
                           f"processes do not import; move {name} into a module on PYTHONPATH and import it from there")
+    from rlbalance.config.user_modules import is_env_maker
+
+    if not is_env_maker(make, module, name):
+        raise ConfigError(f"env.id={make!r}: an env-creating function is taken only where its module registers it "
+                          f"(gymnasium.register('MyEnv-v0', entry_point={name}) in {module}), so that no other "
+                          "function can be named as an env; or give a gymnasium.Env subclass")
     return f"{module}:{name}"
 
 
@@ -308,8 +315,10 @@ def _name_preset_values(e: ConfigError, user: dict, layer: dict, preset: str, ga
     return ConfigError(f"{e} ({'; '.join(notes)}: give your own value to change it, or run.preset=none for no preset)")
 
 
-def read_file(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read a TOML or YAML config file into nested overrides."""
+def read_file(path: str | Path, cli: dict[str, dict[str, Any]] | None = None,
+              trust_modules: bool = False) -> dict[str, dict[str, Any]]:
+    """Read a TOML or YAML config file into nested overrides, refusing modules it names for import unless
+    ``trust_modules`` or the command line (``cli``) gives the same fields (rlbalance/config/trust.py)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} not found")
@@ -332,6 +341,7 @@ def read_file(path: str | Path) -> dict[str, dict[str, Any]]:
         raise ConfigError(f"config file {p}: use a .toml, .yaml/.yml or .json file")
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ConfigError(f"config file {p}: expected sections like [env] or env: with fields inside")
+    confirm_code(f"config file {p}", data, cli, trust_modules)
     return data
 
 
@@ -356,9 +366,12 @@ def parse_set(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def load(config_file: str | None = None, cli: dict[str, dict[str, Any]] | None = None) -> Config:
-    """defaults < config file < command line."""
-    layers = [read_file(config_file)] if config_file else []
+def load(config_file: str | None = None, cli: dict[str, dict[str, Any]] | None = None,
+         trust_modules: bool = False) -> Config:
+    """defaults < config file < command line. Modules the file names for import (env.id 'module:Name',
+    env.imports, learner.agent 'module:Agent') are refused unless ``trust_modules`` or the command line gives them
+    (rlbalance/config/trust.py)."""
+    layers = [read_file(config_file, cli, trust_modules)] if config_file else []
     layers.append(cli or {})
     return build(merge(*layers))
 

@@ -23,18 +23,32 @@ def import_user_modules(cfg) -> str:
             raise ConfigError(f"{field}: cannot import module {m!r} ({e}); put it on PYTHONPATH (or install it), "
                               "so the learner and every actor can import it") from e
     if ":" in cfg.id and env_id not in gym.registry:
-        # 'module:Name' where Name is an env class or an env-creating function rather than a registered id:
-        # register it as 'module.Name' in this process (every actor does the same).
+        # 'module:Name' where Name is an env class, or an env-creating function the module registers with gymnasium,
+        # rather than a registered id: register it as 'module.Name' in this process (every actor does the same).
+        # Nothing else is called: a name from a config file is no licence to call any function of any module.
         module = cfg.id.partition(":")[0]
         obj = sys.modules[module]
         for part in env_id.split("."):
             obj = getattr(obj, part, None)
-        if callable(obj):
-            gym_id = f"{module}.{env_id}"
-            if gym_id not in gym.registry:
-                gym.register(gym_id, entry_point=obj)
-            return gym_id
+        if not is_env_maker(obj, module, env_id):
+            raise ConfigError(f"env.id={cfg.id!r}: {env_id} in module {module} is neither a registered env id, an env "
+                              "class (a gymnasium.Env subclass) nor a function the module registers with "
+                              f"gymnasium.register(..., entry_point={env_id}); rlbalance calls nothing else")
+        gym_id = f"{module}.{env_id}"
+        if gym_id not in gym.registry:
+            gym.register(gym_id, entry_point=obj)
+        return gym_id
     return env_id
+
+
+def is_env_maker(obj, module: str, name: str) -> bool:
+    """Whether ``obj`` (``module``'s attribute ``name``) may make envs: a gymnasium.Env subclass, or a function
+    the module registers with gymnasium as an entry point."""
+    if isinstance(obj, type):
+        return issubclass(obj, gym.Env)
+    if not callable(obj):
+        return False
+    return any(spec.entry_point is obj or spec.entry_point == f"{module}:{name}" for spec in gym.registry.values())
 
 
 def user_modules(cfg) -> list[str]:

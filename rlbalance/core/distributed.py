@@ -19,25 +19,53 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now, for a one-node rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def private_rendezvous() -> str:
+    """A rendezvous for the learner processes of one node: a file store in a new folder only this user can open
+    (0700). Nothing listens on the network for it: torch's TCPStore binds every interface whatever host it is given,
+    and rank 0 unpickles what the other ranks send through the group (gather_object, broadcast_object_list), so a
+    port reachable from other machines would be a way in. Remove the folder with ``close_rendezvous``."""
+    import tempfile
+
+    return os.path.join(tempfile.mkdtemp(prefix="rlbalance-rendezvous-"), "store")
 
 
-def init(rank: int, world: int, device: torch.device, addr: str = "127.0.0.1", port: int | None = None,
+def close_rendezvous(path: str | None) -> None:
+    import shutil
+
+    if path:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo`` on Linux), for gloo's and NCCL's sockets."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
+            return name
+    return None
+
+
+def init(rank: int, world: int, device: torch.device, rendezvous: str | None = None,
          timeout_s: float = 120.0) -> None:
-    """Join the learners' process group (rank ``rank`` of ``world``) over TCP at ``addr``:``port``; with no port
-    (a torchrun launch), at the MASTER_ADDR/MASTER_PORT it sets. A collective that waits longer than
+    """Join the learners' process group (rank ``rank`` of ``world``). ``rendezvous``: the file store of
+    ``private_rendezvous`` (all ranks on this node: the group's sockets are bound to the loopback interface too, so
+    no other machine can reach any of them); None: a torchrun launch, at the store torchrun made (MASTER_ADDR and
+    MASTER_PORT, which the user chose and which other nodes must reach). A collective that waits longer than
     ``timeout_s`` for a rank fails with torch's error rather than wait forever."""
-    if port is None:
-        addr = os.environ.get("MASTER_ADDR", addr)
-        port = int(os.environ.get("MASTER_PORT", 29500))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend_for(device), init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rendezvous is None:
+        dist.init_process_group(backend_for(device), init_method="env://", rank=rank, world_size=world,
+                                timeout=timeout)
+        return
+    lo = loopback_interface()
+    if lo:  # gloo's pairs and NCCL's bootstrap sockets otherwise bind the host name's address
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+    store = dist.FileStore(rendezvous, world)
+    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def world_size() -> int:

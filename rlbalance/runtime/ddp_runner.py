@@ -62,10 +62,11 @@ def device_of(cfg: Config, local_rank: int) -> torch.device:
 
 
 def launched_by_torchrun() -> tuple[int, int, int] | None:
-    """(rank, world size, local rank) where torchrun (or another launcher setting its variables) started this
-    process as one of several; None otherwise."""
+    """(rank, world size, local rank) where torchrun started this process as one of several; None otherwise.
+    torchrun's own mark (TORCHELASTIC_RUN_ID) is required: WORLD_SIZE and RANK alone, left in a shell by something
+    else, do not make a plain ``train`` wait for ranks that never come."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 or "RANK" not in os.environ:
+    if world <= 1 or "RANK" not in os.environ or "TORCHELASTIC_RUN_ID" not in os.environ:
         return None
     return int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
 
@@ -155,7 +156,7 @@ class RankSession:
         return msg
 
 
-def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_rank: int | None = None,
+def rank_main(rank: int, cfg: Config, spec: EnvSpec, rendezvous: str | None, local_rank: int | None = None,
               started=None) -> None:
     """Learner rank ``rank`` >= 1: join the group, build the same learner (rank 0's weights, counters and optimizer
     state), run its share of the actors until the ranks agree to stop. ``started``: an Event set once this process
@@ -175,7 +176,7 @@ def rank_main(rank: int, cfg: Config, spec: EnvSpec, port: int | None, local_ran
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.learner.torch_threads)
     try:
-        distributed.init(rank, cfg.learner.devices, device, port=port, timeout_s=collective_timeout_s(cfg))
+        distributed.init(rank, cfg.learner.devices, device, rendezvous, timeout_s=collective_timeout_s(cfg))
         model_lock = threading.Lock()
         learner = registry.make_learner(registry.build_model(cfg.learner, spec), cfg, spec, device,
                                         step_lock=model_lock, distributed=True)
@@ -205,11 +206,11 @@ class Ranks:
     def __init__(self, cfg: Config, spec: EnvSpec, launched: bool = False):
         self.cfg, self.world, self.launched = cfg, cfg.learner.devices, launched
         self.ctx = mp.get_context("spawn")
-        self.port = None if launched else distributed.free_port()
+        self.rendezvous = None if launched else distributed.private_rendezvous()
         self.started = [] if launched else [self.ctx.Event() for _ in range(1, self.world)]
         self.procs = [] if launched else [
             self.ctx.Process(target=rank_main, name=f"rlbalance-learner-rank{r}",
-                             args=(r, cfg, spec, self.port, None, self.started[r - 1]))
+                             args=(r, cfg, spec, self.rendezvous, None, self.started[r - 1]))
             for r in range(1, self.world)]
         self.last_report = time.perf_counter()
         self.interrupted = False  # Ctrl-C or SIGTERM on rank 0: every rank stops at the next update
@@ -218,7 +219,7 @@ class Ranks:
         for p in self.procs:
             p.start()
         self._await_start(collective_timeout_s(self.cfg))
-        distributed.init(0, self.world, device_of(self.cfg, 0), port=self.port,
+        distributed.init(0, self.world, device_of(self.cfg, 0), self.rendezvous,
                          timeout_s=collective_timeout_s(self.cfg))
 
     def _await_start(self, timeout_s: float) -> None:
@@ -306,6 +307,7 @@ class Ranks:
                 p.kill()
                 p.join(timeout=5)
         distributed.close()
+        distributed.close_rendezvous(self.rendezvous)
 
 
 def run_rank0(cfg: Config, spec: EnvSpec, learner, session, ranks: Ranks) -> None:

@@ -34,14 +34,16 @@ EVAL_SEED_OFFSET = 500_009
 def evaluate(run_dir: str | Path, episodes: int = 10, num_envs: int = 8, greedy: bool = False,
              checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
              max_steps: int = 10_000_000, progress: bool = True, out_dir: str | Path | None = None,
-             threads: int | None = None) -> dict:
+             threads: int | None = None, trust_modules: bool = False) -> dict:
     """Play ``episodes`` games (at least) with the run's latest (or the given) checkpoint; with ``out_dir``, writes
     eval.json there (the run directory itself only when given as ``out_dir``: a run read is not a run written).
     Stops early after ``max_steps`` env steps, keeping the games finished by then (``complete`` False).
-    ``threads``: torch intra-op threads for the policy while it plays (restored after); None keeps the process's."""
+    ``threads``: torch intra-op threads for the policy while it plays (restored after); None keeps the process's.
+    ``trust_modules``: import the modules the run's config names (a custom env or agent); refused otherwise, since
+    a run directory may come from anyone (rlbalance/config/trust.py)."""
     check_eval_args(episodes, num_envs, max_steps, threads)
     run = RunDir(Path(run_dir))
-    cfg = run.read_config()
+    cfg = run.read_config(trust_modules=trust_modules)
     ckpt_path = Path(checkpoint) if checkpoint else run.latest_checkpoint()
     if ckpt_path is None:
         raise ConfigError(f"run_dir {run.path}: no checkpoint in {run.ckpt_dir}; train first, or pass --checkpoint")
@@ -141,9 +143,9 @@ def _bar(total: int, enabled: bool):
 
 def record_video(run_dir: str | Path, out: str | Path, greedy: bool = False,
                  checkpoint: str | Path | None = None, device: str = "cpu", seed: int | None = None,
-                 max_steps: int = 10_000, threads: int | None = None) -> dict:
+                 max_steps: int = 10_000, threads: int | None = None, trust_modules: bool = False) -> dict:
     """One game played by the run's policy, as an MP4 (the env's own rgb frames, written by OpenCV);
-    stops after ``max_steps`` agent steps; ``threads`` as in :func:`evaluate`. Returns the video's path, frames,
+    stops after ``max_steps`` agent steps; ``threads`` and ``trust_modules`` as in :func:`evaluate`. Returns the video's path, frames,
     fps, the game's return and the torch threads it played with."""
     import cv2
 
@@ -153,7 +155,7 @@ def record_video(run_dir: str | Path, out: str | Path, greedy: bool = False,
     if max_steps < 1:
         raise ConfigError(f"--video-steps {max_steps}: must be >= 1")
     run = RunDir(Path(run_dir))
-    cfg = run.read_config()
+    cfg = run.read_config(trust_modules=trust_modules)
     env_cfg = dataclasses.replace(cfg.env, backend="gymnasium")  # EnvPool does not render; same preprocessing
     if env_cfg.id == "synthetic":
         raise ConfigError("--video: the synthetic env has nothing to show; record a gymnasium or ALE env")

@@ -38,6 +38,26 @@ def loopback_env(cfg: Config) -> None:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 
+def private_ray_dir() -> str:
+    """The folder of a private Ray's session files and sockets: this user's own (0700), where Ray's default
+    (/tmp/ray) is open to everyone, its sockets too. An existing one owned by another user, or open to others, is
+    refused rather than used."""
+    import stat
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"rlbalance-ray-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise ConfigError(f"ray.address=local: {path} (the private Ray's folder) is not a folder of yours; remove it")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
 def connect(cfg: Config):
     """ray.init for this run: a private Ray on 127.0.0.1, or a running cluster. Returns the module and
     whether this call started the connection (then the run shuts it down at its end); a process already
@@ -52,7 +72,7 @@ def connect(cfg: Config):
     if rc.address == "local":
         ray.init(address="local", num_cpus=rc.num_cpus or None, include_dashboard=rc.dashboard,
                  dashboard_host="127.0.0.1", object_store_memory=rc.object_store_mb * 2**20,
-                 _node_ip_address="127.0.0.1", **kw)
+                 _node_ip_address="127.0.0.1", _temp_dir=private_ray_dir(), **kw)
     else:
         if rc.loopback:
             kw["_node_ip_address"] = "127.0.0.1"

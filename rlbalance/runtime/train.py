@@ -33,12 +33,15 @@ from rlbalance.runtime.session import Session, checkpoint_identity
 from rlbalance.telemetry.metrics import EpisodeStats
 
 
-def train(cfg: Config, resume: str | Path | None = None, after_run=None) -> dict:
-    """Train with ``cfg`` (or continue the run directory ``resume``); returns the run summary.
+def train(cfg: Config, resume: str | Path | None = None, after_run=None, allow_other_owner: bool = False) -> dict:
+    """Train with ``cfg`` (or continue the run directory ``resume``, refused where another user owns it unless
+    ``allow_other_owner``); returns the run summary.
 
     ``after_run(learner, spec)``, if given, runs after training and before the final checkpoint and
     report (``rlbalance profile`` captures its kernel view there)."""
     refuse_train_in_spawned_child()  # a script calling train() without the __main__ guard, in its actor processes
+    if resume:
+        RunDir(Path(resume)).check_owner(allow_other_owner)
     spec, model, device = _prepare(cfg)  # everything that can be refused is, before any process or file
     launched = launched_by_torchrun()
     if launched is not None and launched[0] > 0:  # a learner rank of a torchrun launch: rank 0 keeps the run dir

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlbalance.core.jsonio import dumps
+from rlbalance.core.jsonio import dumps, open_nofollow
 
 
 class EpisodeStats:
@@ -50,7 +50,7 @@ class EpisodeStats:
 
 
 def _cut_partial_last_line(path: Path) -> None:
-    if not path.is_file() or path.stat().st_size == 0:
+    if path.is_symlink() or not path.is_file() or path.stat().st_size == 0:  # (a link is refused when opened)
         return
     with open(path, "rb+") as f:
         data = f.read()
@@ -65,7 +65,7 @@ class MetricsLogger:
                  start_steps: int = 0, session: int = 0, wandb: dict | None = None):
         self.path = Path(run_path) / "metrics.jsonl"
         _cut_partial_last_line(self.path)  # a record cut by kill -9 would corrupt the next one
-        self.file = open(self.path, "a", buffering=1)
+        self.file = open_nofollow(self.path, "a", buffering=1)
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

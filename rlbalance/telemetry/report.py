@@ -9,6 +9,7 @@ import io
 import json
 from pathlib import Path
 
+from rlbalance.core.jsonio import open_nofollow
 from rlbalance.core.thinned import Thinned
 from rlbalance.telemetry.metrics import with_gaps
 from rlbalance.telemetry.verdict import VERDICTS, advise
@@ -279,7 +280,7 @@ def _percent(v) -> str:
 
 def write_csv(run: Path, d: dict | None = None) -> None:
     d = d or _load(run)
-    with open(run / "stage_shares.csv", "w", newline="") as f:
+    with open_nofollow(run / "stage_shares.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["role", "stage", "stage_in_words", "share"])
         gpu = _has_gpu(d)
@@ -288,7 +289,7 @@ def write_csv(run: Path, d: dict | None = None) -> None:
                 w.writerow([role, stage, stage_words(stage, gpu), f"{v:.6f}"])
     tl = d["telemetry"].get("hardware_timeline", [])
     gpu = _has_gpu(d) or any(s.get("gpu_util") for s in tl)
-    with open(run / "hardware.csv", "w", newline="") as f:
+    with open_nofollow(run / "hardware.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["t_s", "cpu_util_mean", "cpu_power_w", "cpu_power_source"]
                    + (["gpu_power_w", "gpu_power_source"] if gpu else []))  # no GPU columns without a GPU
@@ -355,9 +356,11 @@ def write_report(run: str | Path) -> Path:
                      f"{html.escape(t)}</figcaption></figure>" for t, b in _plots(d))
     evidence = "".join(f"<li>{html.escape(_figure_label(k, _has_gpu(d)))}: {_percent(val)}</li>"
                        for k, val in v.get("figures", {}).items())
-    machine = (f"{html.escape(str(hw.get('cpu_model', '?')))}, {hw.get('physical_cores', '?')} cores / "
-               f"{hw.get('logical_cpus', '?')} threads, GPUs: {html.escape(str([g['name'] for g in hw.get('gpus', [])] or 'none'))}, "
-               f"commit {html.escape(str(hw.get('git_commit', '?')))}")
+    esc = lambda x: html.escape(str(x))  # noqa: E731 - every field read from the run's files, escaped
+    machine = (f"{esc(hw.get('cpu_model', '?'))}, {esc(hw.get('physical_cores', '?'))} cores / "
+               f"{esc(hw.get('logical_cpus', '?'))} threads, GPUs: "
+               f"{esc([g.get('name') if isinstance(g, dict) else g for g in hw.get('gpus', [])] or 'none')}, "
+               f"commit {esc(hw.get('git_commit', '?'))}")
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>rlbalance report: {html.escape(str(s.get('env')))}</title>
 <style>
@@ -389,5 +392,6 @@ window.addEventListener("load", function () {{
 </body></html>
 """
     out = run / "report.html"
-    out.write_text(page)
+    with open_nofollow(out, "w", encoding="utf-8") as f:
+        f.write(page)
     return out

@@ -35,11 +35,11 @@ def _model(seed: int):
     return build_model(C.LearnerConfig(**CFG), _spec())
 
 
-def _rank(rank: int, world: int, port: int, updates: int, out: dict) -> None:
+def _rank(rank: int, world: int, rendezvous: str, updates: int, out: dict) -> None:
     from rlbalance.core import distributed
 
     torch.set_num_threads(1)
-    distributed.init(rank, world, torch.device("cpu"), port=port, timeout_s=60)
+    distributed.init(rank, world, torch.device("cpu"), rendezvous, timeout_s=60)
     try:
         # rank 1 starts from other weights: DDP gives every rank rank 0's at the start
         learner = Learner(_model(seed=rank), C.LearnerConfig(**CFG), torch.device("cpu"), total_steps=10**6,
@@ -55,7 +55,7 @@ def _rank(rank: int, world: int, port: int, updates: int, out: dict) -> None:
 
 @pytest.mark.slow
 def test_two_gloo_ranks_make_the_one_learner_update():
-    from rlbalance.core.distributed import free_port
+    from rlbalance.core.distributed import close_rendezvous, private_rendezvous
 
     updates = 2  # twice: both ranks must start the second update from the same new weights
     one = Learner(copy.deepcopy(_model(seed=0)), C.LearnerConfig(**CFG), torch.device("cpu"), total_steps=10**6)
@@ -65,12 +65,13 @@ def test_two_gloo_ranks_make_the_one_learner_update():
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         out = manager.dict()
-        port = free_port()
-        procs = [ctx.Process(target=_rank, args=(r, 2, port, updates, out)) for r in range(2)]
+        rendezvous = private_rendezvous()
+        procs = [ctx.Process(target=_rank, args=(r, 2, rendezvous, updates, out)) for r in range(2)]
         for p in procs:
             p.start()
         for p in procs:
             p.join(timeout=120)
+        close_rendezvous(rendezvous)
         assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
         res = dict(out)
     for r in range(2):
