@@ -22,12 +22,9 @@ from rlbalance.config import Config
 from rlbalance.runtime.actor import (
     FREE, FULL, START_FAILED, START_FAILED_EXIT, STATS, ActorShared, actor_main, encode_index,
 )
+from rlbalance.runtime.roles import ActorFailure, FaultLedger, RunSession, take_inference_figures
 
 START_TIMEOUT_S = 60.0  # a new actor process may take this long (imports, env creation) to step once
-
-
-class ActorFailure(RuntimeError):
-    """Actors failed more often than actors.max_restarts allows."""
 
 
 class ActorStartFailure(ActorFailure):
@@ -82,6 +79,8 @@ def _start_failure(i: int, exitcode: int | None, text: str | None) -> ActorStart
 
 
 class ActorPool:
+    """Local actor processes over shared memory: an ``ActorSet`` (rlbalance/runtime/roles.py)."""
+
     def __init__(self, ctx, cfg: Config, shared: ActorShared, on_start=None):
         self.ctx, self.cfg, self.sh = ctx, cfg, shared
         self.g = cfg.actors.env_groups
@@ -90,11 +89,10 @@ class ActorPool:
         self.procs: list = [None] * cfg.actors.num_actors
         self.incarnation = [0] * cfg.actors.num_actors
         self.parent_conns: list = [None] * cfg.num_clients
-        self.restarts = 0
-        self.lost_seconds = 0.0
-        self.events: list[dict] = []
-        self._awaiting: dict[int, tuple[float, float]] = {}  # actor -> (restart time, last sign of life)
-        self.server = None
+        self.ledger = FaultLedger(cfg.actors.max_restarts)
+        self._awaiting: dict[int, float] = {}  # restarted actor -> when, until its new process steps
+        self.server = None  # the central inference server, whose health is the pool's too
+        self._last_check = time.monotonic()
         self.started = [0.0] * cfg.actors.num_actors  # when each actor's current process was started
         self.ctl: list = [None] * cfg.actors.num_actors  # the learner's end of each actor's control pipe
         self.per_actor = cfg.buffers_per_actor_process
@@ -149,9 +147,9 @@ class ActorPool:
         for i, p in enumerate(self.procs):
             beat = float(self.sh.heartbeat[i])
             if i in self._awaiting:
-                t_restart, t_last = self._awaiting[i]
+                t_restart = self._awaiting[i]
                 if beat > t_restart:  # the new process stepped: it is back
-                    self.lost_seconds += beat - t_last
+                    self.ledger.back(i, at=beat)
                     del self._awaiting[i]
                 elif p.is_alive() and now - t_restart < max(timeout, START_TIMEOUT_S):
                     continue
@@ -171,18 +169,13 @@ class ActorPool:
             if hung:
                 os.kill(p.pid, signal.SIGKILL)
                 p.join(timeout=5)
-            if self.restarts >= self.cfg.actors.max_restarts:
-                raise ActorFailure(f"actor {i} {reason}, and the {self.restarts} restarts allowed "
-                                   f"(actors.max_restarts) are used up; see the actor's traceback above")
-            self.restarts += 1
-            self.events.append({"actor": i, "reason": reason, "at": time.strftime("%H:%M:%S")})
+            self.ledger.fault(i, reason, last_alive=beat, hint="; see the actor's traceback above")
             self._reclaim(i)
             self.incarnation[i] += 1
-            t_last = beat if i not in self._awaiting else self._awaiting[i][1]
             conns = self._start(i)
             if self.server is not None:
                 self.server.replace_clients(list(range(i * self.g, (i + 1) * self.g)), conns)
-            self._awaiting[i] = (time.monotonic(), t_last)
+            self._awaiting[i] = time.monotonic()
 
     def _reclaim(self, i: int) -> None:
         """Whatever the dead actor sent before it died is read; the buffers it held go to its next process."""
@@ -233,25 +226,31 @@ class ActorPool:
         for c in wait([c for _, c in live.values()], timeout=timeout):
             self._read(*live[id(c)])
 
-    def take_full(self, nb: int, while_waiting) -> list[int]:
-        """The ``nb`` oldest full buffers; ``while_waiting()`` (the health check) runs every half second
-        without enough of them."""
+    def health(self) -> None:
+        """The inference server's error, if it failed; dead or hung actors restarted."""
+        if self.server is not None and self.server.error is not None:
+            raise self.server.error
+        self.check()
+
+    def take_full(self, nb: int) -> list[int]:
+        """The ``nb`` oldest full buffers; the health check runs every half second without enough of them."""
         last = since = time.monotonic()
-        have, restarts = len(self.full), self.restarts
+        have, restarts = len(self.full), self.ledger.restarts
         # No actor fault can block the others now, but the learner still ends any stall it cannot explain.
         limit = 2 * max(self.cfg.actors.heartbeat_timeout_s, START_TIMEOUT_S)
         while len(self.full) < nb:
             self.receive(0.5)
             now = time.monotonic()
             if len(self.full) > have:
-                have, since, restarts = len(self.full), now, self.restarts
+                have, since, restarts = len(self.full), now, self.ledger.restarts
             elif now - since > limit:
-                why = (f"while actors were restarted {self.restarts - restarts} times (they fail faster than "
-                       "they make an unroll)" if self.restarts > restarts else "while every actor looked alive")
+                why = (f"while actors were restarted {self.ledger.restarts - restarts} times (they fail faster "
+                       "than they make an unroll)" if self.ledger.restarts > restarts else
+                       "while every actor looked alive")
                 raise ActorFailure(f"no unroll arrived for {now - since:.0f} s {why} ({len(self.full)} of {nb} "
                                    "buffers for the next batch); stopping rather than waiting forever")
             if now - last >= 0.5:
-                while_waiting()
+                self.health()
                 last = time.monotonic()
         idx, self.full = self.full[:nb], self.full[nb:]
         return idx
@@ -260,13 +259,24 @@ class ActorPool:
         """Buffers the learner has copied out go back to the actors that own them."""
         self._send_free(idx)
 
+    def poll(self) -> None:
+        """After an update: the health check about once a second, and whatever the actors sent meanwhile."""
+        if time.monotonic() - self._last_check > 1.0:
+            self.health()
+            self._last_check = time.monotonic()
+        self.receive(0)
+
     def take_stats(self) -> list[tuple]:
         out, self.stats = self.stats, []
         return out
 
-    def pending_lost_seconds(self) -> float:
-        now = time.monotonic()
-        return self.lost_seconds + sum(now - t_last for _, t_last in self._awaiting.values())
+    def report(self, session: RunSession, final: bool = False) -> None:
+        """The actors' stage times, the inference server's figures and the buffer queues, into ``session``."""
+        for role, _i, snap in self.take_stats():
+            session.role_snapshot(role, snap)
+        if self.server is not None:
+            take_inference_figures(session, self.server, final)
+        session.set_scalars({"queue/full": float(len(self.full)), "queue/at_actors": float(len(self.at_actor))})
 
     def stop(self) -> None:
         self.sh.stop[0] = 1

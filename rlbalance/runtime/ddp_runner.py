@@ -17,8 +17,9 @@ import multiprocessing as mp
 import os
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as tdist
 
@@ -27,6 +28,7 @@ from rlbalance.core import distributed
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
 from rlbalance.runtime.actor_pool import UNGUARDED_MAIN_EXIT, unguarded_main_error
+from rlbalance.runtime.roles import ActorSet, NodeFigures
 
 REPORT_EVERY_S = 1.0
 
@@ -107,11 +109,8 @@ class RankSession:
         self.model_lock = model_lock
         self.timer = StageTimer(cfg.telemetry.stage_timers)
         self.gpu_timer = StageTimer()
-        self.sampler = None
-        self.actor_pool = None
-        self.nodes = None  # (Ray actors: their node reports, passed on to rank 0)
-        self.extra_info: dict = {}
-        self.extra_scalars: dict[str, float] = {}
+        self.actors: ActorSet | None = None
+        self.nodes: Any = None  # (Ray actors: their node reports, passed on to rank 0)
         self.batch_sizes: Counter = Counter()
         self.first_t: float | None = None
         self._roles: dict[str, list[dict]] = {}
@@ -132,6 +131,31 @@ class RankSession:
     def role_snapshot(self, role: str, snap: dict) -> None:
         self._roles.setdefault(role, []).append(snap)
 
+    # what the runners tell a session (roles.RunSession); what rank 0 alone keeps is not kept here
+    def attach_actors(self, actors: ActorSet) -> None:
+        self.actors = actors
+
+    def node_figures(self, make: Callable[[], NodeFigures]) -> NodeFigures:
+        """A rank's actors' node reports go to rank 0 (NodeReports), whatever rank 0 keeps them in."""
+        if self.nodes is None:
+            from rlbalance.runtime.ray_workers import NodeReports
+
+            self.nodes = NodeReports()
+        return self.nodes
+
+    def watch_process(self, role: str, pid: int) -> None:
+        pass  # (rank 0's hardware sampler counts the machine)
+
+    def set_scalars(self, scalars: dict[str, float]) -> None:
+        pass  # (rank 0 logs its own)
+
+    def add_batch_sizes(self, sizes: Iterable[int]) -> None:
+        if self.warm:
+            self.batch_sizes.update(sizes)
+
+    def note_info(self, key: str, value: Any) -> None:
+        pass  # (rank 0 records its own runtime's facts)
+
     def after_update(self, batch: dict, stats: dict) -> None:
         from rlbalance.runtime.session import update_figures
 
@@ -145,12 +169,12 @@ class RankSession:
         self.role_snapshot("learner", self.timer.snapshot(reset=True))
         if self.gpu_timer.total:  # this rank's GPU busy time (training here; inference from its server)
             self.role_snapshot("gpu", self.gpu_timer.snapshot(reset=True))
-        pool = self.actor_pool
+        ledger = self.actors.ledger if self.actors is not None else None
         msg = {"rank": self.rank, "roles": self._roles, "episodes": self._episodes, "lags": self._lags,
                "warm": self.warm, "batch_sizes": dict(self.batch_sizes),
                "node_reports": self.nodes.take() if self.nodes is not None else [],
-               "actor_restarts": pool.restarts if pool else 0,
-               "actor_seconds_lost": pool.pending_lost_seconds() if pool else 0.0}
+               "actor_restarts": ledger.restarts if ledger else 0,
+               "actor_seconds_lost": ledger.pending_lost_seconds() if ledger else 0.0}
         self._roles, self._episodes, self._lags = {}, [], []
         self.batch_sizes = Counter()
         return msg
@@ -182,10 +206,6 @@ def rank_main(rank: int, cfg: Config, spec: EnvSpec, rendezvous: str | None, loc
                                         step_lock=model_lock, distributed=True)
         share_start_state(learner, None)
         session = RankSession(cfg, rank, learner, model_lock)
-        if cfg.ray.enabled:
-            from rlbalance.runtime.ray_workers import NodeReports
-
-            session.nodes = NodeReports()
         runner_for(cfg)(cfg.rank_config(rank), spec, learner, session)
         # The runner drained its actors' and server's last figures on its way out, after the last agreed report:
         # one more report carries them (rank 0 gathers it after its own runner returns).
@@ -249,31 +269,11 @@ class Ranks:
         return stop
 
     @staticmethod
-    def merge(session, reports: list[dict | None]) -> None:
-        """Fold the ranks' reports into rank 0's session: episodes, policy lag, each role's stage times (into
-        the run's roles, for the verdict, and into the rank's own, for the per-rank figures)."""
-        for msg in reports[1:]:
-            if not msg:
-                continue
-            r = msg["rank"]
-            session.rank_actor_faults[r] = {"actor_restarts": msg["actor_restarts"],
-                                            "actor_seconds_lost": msg["actor_seconds_lost"]}
-            if msg["episodes"]:
-                rets, lens = zip(*msg["episodes"])
-                session.episodes.add_from_batch(np.array(rets), np.array(lens), np.ones(len(rets), dtype=bool))
-            for lag in msg["lags"]:
-                session.note_lag(lag)
-            if session.nodes is not None:  # (a rank's actors are numbered from 0: the run's numbers follow on)
-                share = session.cfg.actors.num_actors // len(reports)
-                for rep in msg.get("node_reports", []):
-                    session.nodes.add({**rep, "actor": r * share + rep["actor"]})
-            for role, snaps in msg["roles"].items():
-                for snap in snaps:
-                    session.role_snapshot(role, snap, rank=r)
-            if msg["warm"]:  # (rank 0 counts its own after warm-up too)
-                sizes = {int(k): v for k, v in msg["batch_sizes"].items()}
-                session.rank_batch_sizes.setdefault(r, Counter()).update(sizes)
-                session.batch_sizes.update(sizes)
+    def merge(session, reports: list[dict | None] | None) -> None:
+        """Fold the ranks' reports into rank 0's session (``Session.merge_rank_report``)."""
+        for msg in (reports or [])[1:]:
+            if msg:
+                session.merge_rank_report(msg, len(reports or []))
 
     def failure(self, error: BaseException | None = None) -> RankDiedError | None:
         """A RankDiedError naming the learner ranks this process started that have died, or None. ``killed``:
@@ -320,12 +320,11 @@ def run_rank0(cfg: Config, spec: EnvSpec, learner, session, ranks: Ranks) -> Non
 
     from rlbalance.core.errors import NonFiniteLossError
 
-    session.ranks = ranks
-    session.extra_info["data_parallel"] = {
+    session.attach_ranks(ranks, {
         "kind": "ddp", "ranks": ranks.world, "backend": distributed.backend_for(learner.device),
         "launcher": "torchrun" if ranks.launched else "rlbalance", "learning_rate": learner.lr_now(),
         "lr_scaling": cfg.learner.lr_scaling, "summed_batch_unrolls": cfg.learner.batch_size * ranks.world,
-        "collective_timeout_s": collective_timeout_s(cfg)}
+        "collective_timeout_s": collective_timeout_s(cfg)})
     previous = {}
     if threading.current_thread() is threading.main_thread():
         def interrupt(signum, frame):

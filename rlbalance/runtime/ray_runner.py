@@ -40,7 +40,7 @@ from rlbalance.runtime.actor import EnvStates, UnrollWriter, exploration, unroll
 from rlbalance.runtime.actor_pool import START_TIMEOUT_S
 from rlbalance.runtime.buffers import RolloutBuffers
 from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect, worker_class
-from rlbalance.runtime.session import Session, take_inference_figures
+from rlbalance.runtime.roles import FaultLedger, NodeFigures, RunSession, learn, take_inference_figures
 
 # -- the learner side (the actor side, EnvWorker, is in ray_workers) ------------------------------------
 
@@ -62,7 +62,7 @@ class _Group:
 
 
 class RayActorSet:
-    """The Ray actors, their health and the counts the session reports (restarts, lost seconds)."""
+    """The Ray actors and their health (restarts and lost seconds in a ``FaultLedger``)."""
 
     def __init__(self, ray, cfg: Config):
         self.ray, self.cfg = ray, cfg
@@ -77,10 +77,8 @@ class RayActorSet:
             dirs += [d for d in user_module_dirs(SimpleNamespace(id="", imports=(agent_module,))) if d not in dirs]
         self.handles = [cls.options(scheduling_strategy=strategy, name=None).remote(i, cfg_dict, dirs)
                         for i in range(cfg.actors.num_actors)]
-        self.restarts = 0
-        self.lost_seconds = 0.0
-        self.events: list[dict] = []
-        self.down: dict[int, float] = {}  # actor -> its last good reply before it failed
+        self.ledger = FaultLedger(cfg.actors.max_restarts, what="Ray actor")
+        self.down = self.ledger.down  # actor -> its last good reply before it failed
         self.last_ok = [time.monotonic()] * len(self.handles)
         self.replied = [False] * len(self.handles)  # since its (re)start: until then it is starting, not hung
         self.placement: dict[int, dict] = {}
@@ -88,26 +86,14 @@ class RayActorSet:
     def failed(self, actor: int, reason: str) -> None:
         if actor in self.down:
             return
-        self.down[actor] = self.last_ok[actor]
         self.replied[actor] = False
-        if self.restarts >= self.cfg.actors.max_restarts:
-            from rlbalance.runtime.actor_pool import ActorFailure
-
-            raise ActorFailure(f"Ray actor {actor} {reason}, and the {self.restarts} restarts allowed "
-                               f"(actors.max_restarts) are used up")
-        self.restarts += 1
-        self.events.append({"actor": actor, "reason": reason, "at": time.strftime("%H:%M:%S")})
+        self.ledger.fault(actor, reason, last_alive=self.last_ok[actor])
 
     def ok(self, actor: int) -> None:
         now = time.monotonic()
-        if actor in self.down:
-            self.lost_seconds += now - self.down.pop(actor)
+        self.ledger.back(actor, at=now)
         self.last_ok[actor] = now
         self.replied[actor] = True
-
-    def pending_lost_seconds(self) -> float:
-        now = time.monotonic()
-        return self.lost_seconds + sum(now - t for t in self.down.values())
 
     def kill(self, actor: int) -> None:
         """A hung actor: Ray kills the process and restarts it."""
@@ -338,45 +324,79 @@ class RayFeeder(threading.Thread):
             self.batch_sizes.append(len(batch) * self.k)
 
 
-def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: Session) -> None:
-    """The parallel runner with Ray actors: the learner loop of ``run_parallel`` over Ray-fed buffers."""
+class RayActors:
+    """The Ray actors of one learner, as the learner loop sees them (an ``ActorSet``): the buffers the feeder
+    thread fills from their calls, handed over through queues in this process."""
+
+    def __init__(self, ray, cfg: Config, actors: RayActorSet, feeder: RayFeeder, full_q: queue.Queue,
+                 free_q: queue.Queue, stats_q: queue.Queue, nodes: NodeFigures):
+        self.ray, self.cfg, self.actors, self.feeder = ray, cfg, actors, feeder
+        self.full_q, self.free_q, self.stats_q, self.nodes = full_q, free_q, stats_q, nodes
+        self.ledger = actors.ledger
+        self.placement: list[dict] | None = None
+
+    def take_full(self, nb: int) -> list[int]:
+        """The next ``nb`` full buffer indices; the feeder's error, if it failed, is raised while waiting."""
+        idx: list[int] = []
+        while len(idx) < nb:
+            try:
+                idx.append(self.full_q.get(timeout=0.5))
+            except queue.Empty:
+                self.feeder.raise_error()
+        return idx
+
+    def give_back(self, idx: list[int]) -> None:
+        for i in idx:
+            self.free_q.put(i)
+
+    def poll(self) -> None:
+        self.feeder.raise_error()
+
+    def report(self, session: RunSession, final: bool = False) -> None:
+        while True:
+            try:
+                rep = self.stats_q.get_nowait()
+            except queue.Empty:
+                break
+            session.role_snapshot("actor", rep["stages"])
+            self.nodes.add(rep)
+        if self.feeder.central:
+            take_inference_figures(session, self.feeder, final)
+        session.set_scalars({"queue/full": float(self.full_q.qsize()), "queue/free": float(self.free_q.qsize())})
+        if final and self.placement is not None:
+            session.note_info("ray", {"placement": self.placement, "messages": self.feeder.messages,
+                                      "bytes_received": self.feeder.bytes})
+
+    def stop(self) -> None:
+        self.feeder.stop()
+        self.feeder.join(timeout=10)
+        self.placement = _placement(self.ray, self.actors)
+        self.actors.stop()
+
+
+def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: RunSession) -> None:
+    """The parallel runner with Ray actors: the one learner loop over Ray-fed buffers."""
     ray, owned = connect(cfg)
     k, t = cfg.actors.envs_per_actor, cfg.learner.unroll_length
     n_buf = cfg.num_buffers
     buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=False,
                                       core_size=registry.core_state_size(cfg.learner, spec))
-    free_q, full_q, stats_q = queue.Queue(), queue.Queue(), queue.Queue()
+    free_q: queue.Queue[int] = queue.Queue()
+    full_q: queue.Queue[int] = queue.Queue()
+    stats_q: queue.Queue[dict] = queue.Queue()
     for i in range(n_buf):
         free_q.put(i)
-    actors = RayActorSet(ray, cfg)
-    feeder = RayFeeder(ray, cfg, actors, buffers, free_q, full_q, stats_q, learner, session.model_lock)
+    handles = RayActorSet(ray, cfg)
+    feeder = RayFeeder(ray, cfg, handles, buffers, free_q, full_q, stats_q, learner, session.model_lock)
     if not feeder.central:
         feeder.publish(learner.model, learner.updates)
-    session.actor_pool = actors
-    if session.nodes is None:  # (a learner rank past the first keeps NodeReports, sent on to rank 0)
-        session.nodes = NodeStats()
+    actors = RayActors(ray, cfg, handles, feeder, full_q, free_q, stats_q, session.node_figures(NodeStats))
+    session.attach_actors(actors)
     feeder.start()
-    nb = cfg.buffers_per_batch
+    publish = None if feeder.central else (lambda: feeder.publish(learner.model, learner.updates))
     try:
-        while not session.done():
-            idx = take_full(session, full_q, nb, feeder.raise_error)
-            batch = buffers.gather(idx)
-            for i in idx:
-                free_q.put(i)
-            stats = learner.train(batch)
-            if not feeder.central:
-                with session.timer.stage("weight_publish"):
-                    feeder.publish(learner.model, learner.updates)
-            feeder.raise_error()
-            _drain(stats_q, session, feeder, full_q, free_q)
-            session.after_update(batch, stats)
+        learn(session, learner, actors, buffers, cfg.buffers_per_batch, publish)
     finally:
-        feeder.stop()
-        feeder.join(timeout=10)
-        _drain(stats_q, session, feeder, full_q, free_q, final=True)
-        session.extra_info["ray"] = {"placement": _placement(ray, actors), "messages": feeder.messages,
-                                     "bytes_received": feeder.bytes}
-        actors.stop()
         if owned:
             ray.shutdown()
 
@@ -389,30 +409,3 @@ def _placement(ray, actors: RayActorSet) -> list[dict]:
         except Exception as e:  # an actor still restarting or gone
             out.append({"error": type(e).__name__})
     return out
-
-
-def _drain(stats_q, session: Session, feeder: RayFeeder, full_q, free_q, final: bool = False) -> None:
-    while True:
-        try:
-            rep = stats_q.get_nowait()
-        except queue.Empty:
-            break
-        session.role_snapshot("actor", rep["stages"])
-        session.nodes.add(rep)
-    if feeder.central:
-        take_inference_figures(session, feeder, final)
-    session.extra_scalars["queue/full"] = float(full_q.qsize())
-    session.extra_scalars["queue/free"] = float(free_q.qsize())
-
-
-def take_full(session: Session, full_q, nb: int, while_waiting) -> list[int]:
-    """The next ``nb`` full buffer indices from a queue in this process (the Ray runner's feeder thread
-    fills it); ``while_waiting()`` runs every half second without one."""
-    idx = []
-    with session.timer.stage("wait_data"):
-        while len(idx) < nb:
-            try:
-                idx.append(full_q.get(timeout=0.5))
-            except queue.Empty:
-                while_waiting()
-    return idx

@@ -6,7 +6,9 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +21,7 @@ from rlbalance.core.jsonio import atomic_write_json
 from rlbalance.core.thinned import Thinned
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
+from rlbalance.runtime.roles import ActorSet, NodeFigures
 from rlbalance.runtime.rundir import RunDir
 from rlbalance.telemetry.hardware import HardwareSampler, PowerModel
 from rlbalance.telemetry.metrics import EpisodeStats, MetricsLogger, Progress
@@ -75,23 +78,6 @@ def update_figures(batch: dict[str, torch.Tensor], stats: dict[str, float], upda
     if "time_gpu_train" in stats:
         gpu_timer.add("train", stats["time_gpu_train"])
     return rets, lens, float(updates - 1 - batch["version"].float().mean())
-
-
-def take_inference_figures(session, server, final: bool = False) -> None:
-    """The central inference role's figures since the last take, about once a second (and at the end), into a
-    session (a ``Session``, or a learner rank's ``RankSession``): its stage times, its device busy time, its batch
-    sizes. ``server``: the inference server, or the Ray feeder."""
-    if not (final or server.timer.elapsed() > 1.0):
-        return
-    session.role_snapshot("inference", server.timer.snapshot(reset=True))
-    if getattr(server, "gpu_busy_s", 0.0):
-        session.gpu_timer.add("inference", server.gpu_busy_s)
-        server.gpu_busy_s = 0.0
-    sizes, server.batch_sizes = server.batch_sizes, []
-    if sizes:
-        session.extra_scalars["inference/batch_size"] = float(np.mean(sizes))
-        if session.warm:
-            session.batch_sizes.update(sizes)
 
 
 def _timed(warm: RoleShares | None, whole: RoleShares | None) -> tuple[RoleShares, bool]:
@@ -156,10 +142,10 @@ class Session:
         self.extra_scalars: dict[str, float] = {}
         self.verdicts: Thinned[dict] = Thinned(VERDICT_CAP)  # a verdict per record: bounded for any run length
         self._shown_fps, self._shown_steps = 0.0, learner.steps  # what the progress bar shows
-        self.actor_pool = None  # set by the parallel runner: restarts and lost actor-seconds
-        self.nodes = None  # set by the Ray runner: per-node CPU figures reported by the actors
+        self.actors: ActorSet | None = None  # the runner's actor set (attach_actors): restarts, lost actor-seconds
+        self.nodes: NodeFigures | None = None  # per-node CPU figures the Ray actors report (node_figures)
         self.extra_info: dict[str, object] = {}  # runner facts for telemetry.json and the summary
-        self.ranks = None  # learner ranks 1..N-1 (ddp_runner.Ranks) where learner.data_parallel=ddp
+        self.ranks: Any = None  # learner ranks 1..N-1 (ddp_runner.Ranks, attach_ranks) where learner.devices > 1
         self.rank_shares: dict[int, RoleShares] = {}  # each learner rank's roles, after warm-up
         self.rank_shares_all: dict[int, RoleShares] = {}  # ... and over the whole run (for runs shorter than it)
         self.rank_batch_sizes: dict[int, Counter] = {}  # ranks 1..N-1's inference batch sizes
@@ -169,6 +155,64 @@ class Session:
             self.sampler = HardwareSampler(tc.hardware_interval_s, PowerModel(
                 tc.cpu_watts_per_core, tc.cpu_idle_watts, tc.gpu_idle_watts, tc.gpu_busy_watts, tc.base_watts))
             self.sampler.start()
+
+    # what the runners tell the session (roles.RunSession): nothing is set on it from outside
+    def attach_actors(self, actors: ActorSet) -> None:
+        """The runner's actor set, whose fault ledger the metrics and the summary report."""
+        self.actors = actors
+
+    def node_figures(self, make: Callable[[], NodeFigures]) -> NodeFigures:
+        """The per-node figures the actors report into (made by ``make`` at the first call)."""
+        if self.nodes is None:
+            self.nodes = make()
+        return self.nodes
+
+    def watch_process(self, role: str, pid: int) -> None:
+        """A process of ``role`` (an actor) for the hardware sampler to count."""
+        if self.sampler is not None:
+            self.sampler.watch(role, pid)
+
+    def set_scalars(self, scalars: dict[str, float]) -> None:
+        """Figures of the runner (queue depths, the inference batch) for the next metrics record."""
+        self.extra_scalars.update(scalars)
+
+    def add_batch_sizes(self, sizes: Iterable[int]) -> None:
+        """Inference batch sizes served (counted after warm-up)."""
+        if self.warm:
+            self.batch_sizes.update(sizes)
+
+    def note_info(self, key: str, value: Any) -> None:
+        """A runtime's own facts (a Ray placement, a process group) for telemetry.json and the summary."""
+        self.extra_info[key] = value
+
+    def attach_ranks(self, ranks: Any, info: dict) -> None:
+        """Learner ranks 1..N-1 (ddp_runner.Ranks): stops are agreed with them and their reports merged."""
+        self.ranks = ranks
+        self.note_info("data_parallel", info)
+
+    def merge_rank_report(self, msg: dict, world: int) -> None:
+        """One learner rank's report (ddp_runner.RankSession.take_report): its episodes, policy lag, actor faults,
+        node reports, each role's stage times (into the run's roles, for the verdict, and into the rank's own) and
+        its inference batch sizes."""
+        r = msg["rank"]
+        self.rank_actor_faults[r] = {"actor_restarts": msg["actor_restarts"],
+                                     "actor_seconds_lost": msg["actor_seconds_lost"]}
+        if msg["episodes"]:
+            rets, lens = zip(*msg["episodes"])
+            self.episodes.add_from_batch(np.array(rets), np.array(lens), np.ones(len(rets), dtype=bool))
+        for lag in msg["lags"]:
+            self.note_lag(lag)
+        if self.nodes is not None:  # (a rank's actors are numbered from 0: the run's numbers follow on)
+            share = self.cfg.actors.num_actors // world
+            for rep in msg.get("node_reports", []):
+                self.nodes.add({**rep, "actor": r * share + rep["actor"]})
+        for role, snaps in msg["roles"].items():
+            for snap in snaps:
+                self.role_snapshot(role, snap, rank=r)
+        if msg["warm"]:  # (rank 0 counts its own after warm-up too)
+            sizes = {int(k): v for k, v in msg["batch_sizes"].items()}
+            self.rank_batch_sizes.setdefault(r, Counter()).update(sizes)
+            self.batch_sizes.update(sizes)
 
     @property
     def warm(self) -> bool:
@@ -247,9 +291,9 @@ class Session:
         scalars.update(self.extra_scalars)
         if self.nodes is not None:
             scalars.update(self.nodes.scalars())
-        if self.actor_pool is not None:
-            scalars["actors/restarts"] = self.actor_pool.restarts
-            scalars["actors/lost_seconds"] = self.actor_pool.pending_lost_seconds()
+        if self.actors is not None:
+            scalars["actors/restarts"] = self.actors.ledger.restarts
+            scalars["actors/lost_seconds"] = self.actors.ledger.pending_lost_seconds()
         if self.sampler is not None and self.sampler.last is not None:
             s = self.sampler.last
             scalars["hw/cpu_util"] = float(np.mean(s.cpu_per_core))
@@ -319,8 +363,7 @@ class Session:
             b = sizes.get(r, Counter())
             n = sum(b.values())
             faults = self.rank_actor_faults.get(r) or (
-                {"actor_restarts": self.actor_pool.restarts,
-                 "actor_seconds_lost": self.actor_pool.pending_lost_seconds()} if r == 0 and self.actor_pool else {})
+                self.actors.ledger.figures() if r == 0 and self.actors is not None else {})
             shares, _ = _timed(self.rank_shares.get(r), self.rank_shares_all.get(r))
             out[str(r)] = {"stage_shares": shares.shares(),
                            "inference_batch_mean": sum(k * v for k, v in b.items()) / n if n else None,
@@ -378,9 +421,9 @@ class Session:
             "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
             "episode_return_best100": self.episodes.best_mean,
             "policy_lag_mean": self.lag_total / self.lag_count if self.lag_count else None,
-            "actor_restarts": self.actor_pool.restarts if self.actor_pool else 0,
-            "actor_seconds_lost": self.actor_pool.pending_lost_seconds() if self.actor_pool else 0.0,
-            "actor_faults": self.actor_pool.events if self.actor_pool else [],
+            "actor_restarts": self.actors.ledger.restarts if self.actors else 0,
+            "actor_seconds_lost": self.actors.ledger.pending_lost_seconds() if self.actors else 0.0,
+            "actor_faults": self.actors.ledger.events if self.actors else [],
             "verdict": tel["verdict"]["verdict"], "verdict_evidence": tel["verdict"]["evidence"],
             "verdict_advice": tel["verdict"]["advice"], "stage_shares": tel["stage_shares"],
             "node_power_w": hw.get("node_power_w"), "cpu_util_mean": hw.get("cpu_util_mean"),

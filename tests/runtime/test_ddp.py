@@ -250,7 +250,11 @@ def test_a_non_finite_loss_on_any_rank_stops_every_rank(cfg_factory):
     from rlbalance.runtime.rundir import RunDir
     from rlbalance.runtime.train import train
 
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    def ours():  # (multiprocessing's resource tracker lives as long as this process, once a spawn started it)
+        return {p.pid for p in psutil.Process().children(recursive=True)
+                if "resource_tracker" not in " ".join(p.cmdline())}
+
+    before = ours()
     cfg = cfg_factory(env={"id": "synthetic", "synthetic_step_us": 20.0, "synthetic_fault": "nan:600"},
                       learner={"devices": 2}, actors={"num_actors": 2},
                       run={"total_steps": 10**7, "name": "nan2", "checkpoint_interval_s": 0.3},
@@ -262,9 +266,9 @@ def test_a_non_finite_loss_on_any_rank_stops_every_rank(cfg_factory):
     import time
 
     deadline = time.time() + 30
-    while time.time() < deadline and {p.pid for p in psutil.Process().children(recursive=True)} - before:
+    while time.time() < deadline and ours() - before:
         time.sleep(0.5)
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid in ours() - before]
     assert not left, [" ".join(p.cmdline())[-80:] for p in left]
 
 

@@ -182,8 +182,8 @@ def test_actors_killed_at_random_moments_never_hang_the_run(cfg_factory, monkeyp
     from rlbalance.runtime.session import Session
 
     def done_after_kills(self):  # train until every kill has happened and every actor is back
-        pool = self.actor_pool
-        return len(kills) >= 20 and pool is not None and pool.restarts >= 20 and not pool._awaiting
+        pool = self.actors
+        return len(kills) >= 20 and pool is not None and pool.ledger.restarts >= 20 and not pool._awaiting
 
     monkeypatch.setattr(Session, "done", done_after_kills)
     try:
@@ -342,12 +342,12 @@ def test_restarted_actor_that_never_steps_is_restarted_again(cfg_factory, monkey
     original_done = Session.done
 
     def done(self):
-        pool = self.actor_pool
-        if pool is not None and not stopped and pool.restarts == 1 and 0 in pool._awaiting:
+        pool = self.actors
+        if pool is not None and not stopped and pool.ledger.restarts == 1 and 0 in pool._awaiting:
             pid = pool.procs[0].pid  # actor 0's second life, not stepped yet
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
-        return original_done(self) and pool is not None and pool.restarts >= 2
+        return original_done(self) and pool is not None and pool.ledger.restarts >= 2
 
     monkeypatch.setattr(Session, "done", done)
     try:
@@ -379,8 +379,8 @@ def test_run_end_kills_an_actor_that_ignores_sigterm(cfg_factory, monkeypatch):
 
     def done(self):
         finished = original_done(self)
-        if finished and not stopped and self.actor_pool is not None:
-            pid = self.actor_pool.procs[1].pid
+        if finished and not stopped and self.actors is not None:
+            pid = self.actors.procs[1].pid
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
         return finished
