@@ -21,6 +21,8 @@ the actor took) in the buffers' ``logits`` slots; its width is ``spec.num_action
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -51,6 +53,23 @@ class LearnerBase:
     Required: ``model`` (the net inference uses), ``device``, ``updates`` (optimizer steps taken), ``steps`` (env
     steps consumed), ``train(batch) -> dict`` (loss figures and ``time_*`` stage seconds), ``state_dict``,
     ``load_state_dict``, ``lr_now``."""
+
+    model: Any  # the policy net (an nn.Module with act, act_recurrent, initial_state, action)
+    device: torch.device
+    updates: int
+    steps: int
+
+    def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def lr_now(self) -> float:
+        raise NotImplementedError
 
     def scalars(self) -> dict[str, float]:
         """Extra figures for each metrics record (beside the losses)."""

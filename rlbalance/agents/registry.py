@@ -27,7 +27,7 @@ def get(name: str) -> Agent:
     if not attr:
         raise ConfigError(f"learner.agent={name!r}: no such agent; use one of {sorted(AGENTS)} or 'module:Agent'")
     try:
-        obj = importlib.import_module(module)
+        obj: object = importlib.import_module(module)
     except ImportError as e:
         raise ConfigError(f"learner.agent={name!r}: cannot import module {module!r} ({e}); put it on PYTHONPATH") from e
     for part in attr.split("."):

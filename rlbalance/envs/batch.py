@@ -27,7 +27,7 @@ class EnvSpec:
     obs_dtype: np.dtype
     num_actions: int  # the policy's outputs per env as recorded: a Discrete space's n, else action.param_size
     frames_per_step: int
-    action: ActionSpec | None = None  # None: Discrete(num_actions)
+    action: ActionSpec = None  # type: ignore[assignment]  # None: Discrete(num_actions), made by __post_init__
 
     def __post_init__(self):
         if self.action is None:

@@ -15,7 +15,7 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -66,6 +66,7 @@ class UnrollWriter:
                       core_in: np.ndarray | None = None) -> None:
         """``core_in``: a recurrent policy's state [K, 2, H] this step started from (kept for row 0)."""
         buf, t = self.buf, self.t
+        assert buf is not None, "begin() gives the writer a buffer first"
         if t == 0:
             buf.version[...] = version
             if core_in is not None:
@@ -78,10 +79,12 @@ class UnrollWriter:
         """The transition of the recorded action; True when the buffer is complete. ``final_obs`` is
         needed only where ``r.truncated`` (rows elsewhere are ignored)."""
         buf, t = self.buf, self.t
+        assert buf is not None, "begin() gives the writer a buffer first"
         buf.reward[t] = r.reward
         buf.done[t] = r.done
         buf.truncated[t] = r.truncated
         if r.truncated.any():
+            assert final_obs is not None, "a truncated step comes with its final observation"
             buf.final_obs[t][r.truncated] = final_obs[r.truncated]
         buf.ep_end[t] = r.game_over
         buf.ep_return[t] = r.ep_return
@@ -151,7 +154,7 @@ class CentralClient:
         return self.action, self.logits, int(self.version[0])
 
 
-def net_step(net: torch.nn.Module, obs: torch.Tensor, state: torch.Tensor | None, first: torch.Tensor,
+def net_step(net: Any, obs: torch.Tensor, state: torch.Tensor | None, first: torch.Tensor | None,
              generator: torch.Generator | None, explore: torch.Tensor | None = None):
     """One step of any agent's policy net for N envs, as every runner takes it: (actions, the net's ``out`` row that
     the actors record, the state the step started from, the state after it); the states are None for a
@@ -169,10 +172,10 @@ class EnvStates:
     (``explore`` [clients, K], see ``exploration``); ``step`` is one step of the net for a batch of clients. The
     inference server and the Ray feeder both step through it."""
 
-    def __init__(self, net: torch.nn.Module, clients: int, k: int, device: torch.device,
+    def __init__(self, net: Any, clients: int, k: int, device: torch.device,
                  explore: torch.Tensor | None = None):
         self.net, self.k, self.explore = net, k, explore
-        self.state = None
+        self.state: torch.Tensor | None = None
         if getattr(net, "recurrent", False):
             with torch.inference_mode():
                 self.state = net.initial_state(clients * k, device).view(clients, k, -1)
@@ -184,7 +187,7 @@ class EnvStates:
         explore = None if self.explore is None else self.explore[idx].reshape(-1)
         state = None if self.state is None else self.state[idx].reshape(len(idx) * self.k, -1)
         actions, out, core_in, state_out = net_step(self.net, obs, state, first, generator, explore)
-        if state_out is not None:
+        if state_out is not None and self.state is not None:
             with torch.inference_mode():
                 self.state[idx] = state_out.view(len(idx), self.k, -1)
         return actions, out, core_in
@@ -195,13 +198,13 @@ class DirectPolicy:
     ``device`` for one env group of ``k`` envs (a recurrent net: with their core states), ``explore`` [k] those
     envs' exploration values (None: none), ``before()`` run before each step (actor-side: the weight sync)."""
 
-    def __init__(self, net: torch.nn.Module, k: int, generator: torch.Generator, version_fn,
+    def __init__(self, net: Any, k: int, generator: torch.Generator, version_fn,
                  explore: torch.Tensor | None = None, device: torch.device | str = "cpu", before=None):
         self.net, self.generator, self.version_fn, self.explore, self.device = net, generator, version_fn, explore, device
         self.before = before
         self.state = net.initial_state(k, device) if getattr(net, "recurrent", False) else None
-        self.answer = None
-        self.core_in = None
+        self.answer: tuple[np.ndarray, np.ndarray, int] | None = None
+        self.core_in: np.ndarray | None = None
 
     def request(self, obs: np.ndarray, first: np.ndarray) -> None:
         if self.before is not None:
@@ -361,9 +364,11 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
     try:
         try:
             envs = actor_env_groups(cfg, actor_id, incarnation)
-            if cfg.inference.mode == "central":
+            policies: list[Policy]
+            if sh.slots is not None:  # (central inference)
                 policies = [CentralClient(c, sh.slots, conn) for c, conn in zip(clients, conns)]
             else:
+                assert sh.weights is not None, "actor-side inference reads the learner's weights"
                 model = registry.build_model(cfg.learner, envs[0].spec)
                 local = LocalModel(model, sh.weights, cfg.inference.sync_every, client_seed(cfg, clients[0]))
                 explore = exploration(cfg)
@@ -400,8 +405,8 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
         except (OSError, EOFError, ValueError):
             pass  # the learner closed the control pipe or is gone
     finally:
-        for e in envs:
-            e.close()
+        for env in envs:
+            env.close()
 
 
 def unroll_base(incarnation: int) -> int:

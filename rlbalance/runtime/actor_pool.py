@@ -16,6 +16,7 @@ import os
 import pickle
 import signal
 import time
+from typing import Any
 from multiprocessing.connection import wait
 
 from rlbalance.config import Config
@@ -91,7 +92,7 @@ class ActorPool:
         self.parent_conns: list = [None] * cfg.num_clients
         self.ledger = FaultLedger(cfg.actors.max_restarts)
         self._awaiting: dict[int, float] = {}  # restarted actor -> when, until its new process steps
-        self.server = None  # the central inference server, whose health is the pool's too
+        self.server: Any = None  # the central inference server (inference.InferenceServer): its health is the pool's
         self._last_check = time.monotonic()
         self.started = [0.0] * cfg.actors.num_actors  # when each actor's current process was started
         self.ctl: list = [None] * cfg.actors.num_actors  # the learner's end of each actor's control pipe

@@ -52,7 +52,10 @@ def runner_for(cfg: Config):
 
 
 class RankDiedError(RuntimeError):
-    """A learner rank stopped while the others were training."""
+    """A learner rank stopped while the others were training. ``killed``: whether each rank that died was killed by
+    a signal (not by an error of its own, which it printed)."""
+
+    killed: bool = False
 
 
 def device_of(cfg: Config, local_rank: int) -> torch.device:
@@ -86,7 +89,7 @@ def sync(stop: bool, report: bool) -> tuple[bool, bool]:
 def gather_reports(msg: dict | None) -> list[dict | None] | None:
     """Every rank's report, on rank 0 (None elsewhere). Runs over the process group itself, so it works between
     nodes as well as on one."""
-    out = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else None
+    out: list[dict | None] | None = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else None
     tdist.gather_object(msg, out, dst=0)
     return out
 
@@ -199,6 +202,8 @@ def rank_main(rank: int, cfg: Config, spec: EnvSpec, rendezvous: str | None, loc
     device = device_of(cfg, rank if local_rank is None else local_rank)
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.learner.torch_threads)
+    learner: Any = None
+    session: RankSession | None = None
     try:
         distributed.init(rank, cfg.learner.devices, device, rendezvous, timeout_s=collective_timeout_s(cfg))
         model_lock = threading.Lock()

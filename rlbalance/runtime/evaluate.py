@@ -14,6 +14,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -182,10 +183,10 @@ def record_video(run_dir: str | Path, out: str | Path, greedy: bool = False,
     path.parent.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=dev).manual_seed(seed)
     obs, _ = env.reset(seed=seed)
-    frame = env.render()
+    frame: Any = env.render()  # (rgb_array: an image)
     h, w = frame.shape[:2]
     tmp = path.with_name(path.name + ".tmp.mp4")
-    writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+    writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter.fourcc(*"mp4v"), fps, (w, h))
     if not writer.isOpened():
         env.close()
         raise ConfigError(f"--video: OpenCV cannot write MP4 to {path}")
@@ -206,7 +207,8 @@ def record_video(run_dir: str | Path, out: str | Path, greedy: bool = False,
                 over = bool(trunc) or (bool(term) and info.get("game_over", True))
                 if term and not over:  # episodic life: a lost life, the game goes on
                     obs, _ = env.reset()
-                writer.write(cv2.cvtColor(env.render(), cv2.COLOR_RGB2BGR))
+                frame = env.render()
+                writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
                 frames += 1
         except BaseException:
             writer.release()
@@ -226,7 +228,7 @@ def _policy_kind(cfg, greedy: bool) -> str:
     return "greedy" if greedy or registry.get(cfg.learner.agent).greedy_eval else "sampled"
 
 
-def policy_actions(model: torch.nn.Module, x: torch.Tensor, generator: torch.Generator | None, greedy: bool,
+def policy_actions(model: Any, x: torch.Tensor, generator: torch.Generator | None, greedy: bool,
                    state: torch.Tensor | None = None, first: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Actions for observations ``x`` (greedy: the mode of the net's action distribution over its ``out`` rows), as

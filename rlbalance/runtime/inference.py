@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 
 import torch
 
@@ -85,6 +85,7 @@ class InferenceServer(threading.Thread):
             if not ready and pending and (timeout > 0 or self.max_wait == 0):
                 break
             for c in ready:
+                assert isinstance(c, Connection)  # (wait() returns what it was given: the clients' pipes)
                 waiting.remove(c)
                 try:
                     c.recv_bytes()

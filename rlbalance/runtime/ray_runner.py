@@ -60,6 +60,12 @@ class _Group:
     retry_at: float = 0.0
     version: int = -1  # actor mode: the weights version this group's actor was last sent
 
+    @property
+    def live(self) -> UnrollWriter:
+        """The group's writer, which its reset made (a group steps only after it)."""
+        assert self.writer is not None, "an env group is reset before it steps"
+        return self.writer
+
 
 class RayActorSet:
     """The Ray actors and their health (restarts and lost seconds in a ``FaultLedger``)."""
@@ -277,7 +283,7 @@ class RayFeeder(threading.Thread):
             full_final = np.zeros_like(r.obs)
             full_final[r.truncated] = final
             final = full_final
-        if g.writer.record_step(r, final):
+        if g.live.record_step(r, final):
             self.full_q.put(g.buffer)
             g.buffer = -1
         return True
@@ -305,9 +311,9 @@ class RayFeeder(threading.Thread):
             timer = self.timer
             n = len(batch) * self.k
             with timer.stage("h2d"):
-                obs = torch.from_numpy(np.stack([g.writer.obs for g in batch]))
+                obs = torch.from_numpy(np.stack([g.live.obs for g in batch]))
                 obs = obs.reshape(n, *obs.shape[2:]).to(self.device, non_blocking=True)
-                first = torch.from_numpy(np.concatenate([g.writer.first for g in batch])).to(self.device)
+                first = torch.from_numpy(np.concatenate([g.live.first for g in batch])).to(self.device)
                 idx = torch.tensor([g.client for g in batch], device=self.device)
             with timer.stage("forward"), self.model_lock:
                 actions, logits, core_in = self.envs.step(idx, obs, first, self.generator)
@@ -318,7 +324,7 @@ class RayFeeder(threading.Thread):
                 core_in = None if core_in is None else core_in.view(len(batch), self.k, -1).cpu().numpy()
             with timer.stage("send"):
                 for i, g in enumerate(batch):
-                    g.writer.record_action(actions[i], logits[i], version, None if core_in is None else core_in[i])
+                    g.live.record_action(actions[i], logits[i], version, None if core_in is None else core_in[i])
                     g.ref = self.actors.handles[g.actor].step.remote(g.group, actions[i])
                     g.sent_at = time.monotonic()
             self.batch_sizes.append(len(batch) * self.k)

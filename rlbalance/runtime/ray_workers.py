@@ -7,6 +7,7 @@ import os
 import socket
 import time
 import warnings
+from typing import Any
 from dataclasses import fields
 
 import numpy as np
@@ -122,7 +123,9 @@ class EnvWorker:
         self._cpu0 = sum(self.proc.cpu_times()[:2])
         psutil.cpu_percent(None)
         self._last_report = time.perf_counter()
-        self.local = None  # actor-side inference: (model, rollouts, buffers, version), built on first use
+        self.local: tuple[Any, Any, Any, dict[str, int]] | None = None  # actor-side inference: (model, rollouts,
+        # buffers, version), built on first use
+        self._t_out: float | None = None  # when the last call returned
 
     def info(self) -> dict:
         return dict(self.node, actor=self.actor_id, restarted=self.restarted)
@@ -135,7 +138,7 @@ class EnvWorker:
         """Step one env group; returns its StepResult fields, final_obs where truncated, and now and
         then a telemetry report."""
         t_in = time.perf_counter()
-        if hasattr(self, "_t_out"):
+        if self._t_out is not None:
             self.timer.add("wait_action", t_in - self._t_out)
         with self.timer.stage("env_step"):
             envs = self.envs[group]
@@ -148,7 +151,7 @@ class EnvWorker:
     def unroll(self, group: int, weights, version: int):
         """Actor-side inference: T steps with the local policy; the whole unroll comes back."""
         t_in = time.perf_counter()
-        if hasattr(self, "_t_out"):
+        if self._t_out is not None:
             self.timer.add("wait_buffer", t_in - self._t_out)
         if self.local is None:
             cfg = self.cfg
@@ -166,12 +169,14 @@ class EnvWorker:
             explore = exploration(cfg)
             k, g = cfg.actors.envs_per_actor, cfg.actors.env_groups
             clients = [self.actor_id * g + i for i in range(g)]
-            rollouts = [Rollout(e, DirectPolicy(model, k, gen, lambda: state["version"],
+            held: dict[str, int] = state
+            rollouts = [Rollout(e, DirectPolicy(model, k, gen, lambda: held["version"],
                                                 None if explore is None else explore[c]),
                                 self.timer, c, unroll_base(self.life)) for e, c in zip(self.envs, clients)]
             bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, self.envs[0].spec, shared=False,
                                            core_size=registry.core_state_size(cfg.learner, self.envs[0].spec))
             self.local = (model, rollouts, bufs, state)
+        assert rollouts is not None and bufs is not None
         rollouts[group].fill(bufs.view(0))
         out = ({f.name: getattr(bufs, f.name)[0].numpy() for f in fields(bufs)}, self._report())
         self._t_out = time.perf_counter()
@@ -213,6 +218,12 @@ class NodeReports:
     def take(self) -> list[dict]:
         out, self.reports = self.reports, []
         return out
+
+    def scalars(self) -> dict[str, float]:
+        return {}  # (rank 0 logs the nodes' figures)
+
+    def summary(self) -> dict[str, dict]:
+        return {}
 
 
 class NodeStats:

@@ -64,9 +64,14 @@ class FaultLedger:
 
 @runtime_checkable
 class NodeFigures(Protocol):
-    """Per-node figures the actors report (Ray): kept by rank 0 (``NodeStats``), sent on by other ranks."""
+    """Per-node figures the actors report (Ray): kept by rank 0 (``NodeStats``), sent on by other ranks
+    (``NodeReports``: their ``scalars`` and ``summary`` are empty)."""
 
     def add(self, rep: dict) -> None: ...
+
+    def scalars(self) -> dict[str, float]: ...
+
+    def summary(self) -> dict[str, dict]: ...
 
 
 @runtime_checkable

@@ -58,7 +58,7 @@ class RoleShares:
         return out
 
     def mean_ms(self, role: str, stage: str) -> float | None:
-        n = self.count.get(role, {}).get(stage, 0)
+        n = self.count.get(role, Counter()).get(stage, 0)
         return 1000.0 * self.seconds[role][stage] / n if n else None
 
     def shares(self) -> dict[str, dict[str, float]]:
@@ -99,11 +99,11 @@ def straggling_rank(ranks: dict[str, dict]) -> dict | None:
     """The learner rank that holds the others back, where one does: in lockstep training every rank waits at each
     all-reduce for the slowest, so the rank whose own actors keep it waiting for data far longer than the others
     wait for theirs is the straggler (its actors or env are slower, or have fewer cores)."""
-    waits = {r: v["stage_shares"].get("learner", {}).get("wait_data") for r, v in ranks.items()}
-    waits = {r: w for r, w in waits.items() if w is not None}
+    found = {r: v["stage_shares"].get("learner", {}).get("wait_data") for r, v in ranks.items()}
+    waits: dict[str, float] = {r: w for r, w in found.items() if w is not None}
     if len(waits) < 2:
         return None
-    slow = max(waits, key=waits.get)
+    slow = max(waits, key=lambda r: waits[r])
     others = [w for r, w in waits.items() if r != slow]
     if waits[slow] - max(others) < STRAGGLER_GAP:
         return None
@@ -333,12 +333,13 @@ class Session:
         latencies = {"actor_request_latency_ms": cum.mean_ms("actor", "wait_action"),
                      "inference_forward_ms": cum.mean_ms("inference", "forward"),
                      "learner_update_ms": (cum.mean_ms("learner", "fwd_bwd") or 0) + (cum.mean_ms("learner", "optim") or 0)}
-        transport = {"bytes_per_step": self.transport_bytes_per_step(), "source": "derived from buffer sizes and "
-                     "counted steps"}
-        transport["bytes_per_s"] = transport["bytes_per_step"] * sps
+        per_step = self.transport_bytes_per_step()
+        transport = {"bytes_per_step": per_step, "source": "derived from buffer sizes and counted steps",
+                     "bytes_per_s": per_step * sps}
         if self.ranks is not None:
-            self.extra_info["learner_ranks"] = self.rank_figures()
-            straggler = straggling_rank(self.extra_info["learner_ranks"])
+            ranks = self.rank_figures()
+            self.extra_info["learner_ranks"] = ranks
+            straggler = straggling_rank(ranks)
             if straggler:
                 verdict["straggler"] = straggler
                 verdict["evidence"] += "; " + straggler["evidence"]
@@ -354,7 +355,7 @@ class Session:
 
     def rank_figures(self) -> dict[str, dict]:
         """Each learner rank's stage shares and inference batch sizes (learner.data_parallel=ddp)."""
-        others = Counter()
+        others: Counter = Counter()
         for c in self.rank_batch_sizes.values():
             others.update(c)
         sizes = {0: self.batch_sizes - others, **self.rank_batch_sizes}

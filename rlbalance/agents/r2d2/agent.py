@@ -72,7 +72,7 @@ class R2D2Agent(LearnerBase):
         self.greedy_episodes = EpisodeStats()
 
     @property
-    def updates(self) -> int:
+    def updates(self) -> int:  # type: ignore[override]  # (LearnerBase declares the attribute others assign)
         return self.algo.updates
 
     def lr_now(self) -> float:

@@ -36,6 +36,7 @@ def n_step_double_q_targets(q_online: torch.Tensor, q_target: torch.Tensor, rewa
     for k in range(n):
         ret = ret + alive * (discount ** k) * rewards[k:k + t]
         if truncated is not None:
+            assert final_value is not None, "a truncated step is bootstrapped from its final observation's value"
             ret = ret + alive * truncated[k:k + t].to(ret.dtype) * (discount ** (k + 1)) * final_value[k:k + t]
         alive = alive * (1.0 - done[k:k + t].float())
     best = q_online[n:n + t].argmax(dim=-1, keepdim=True)  # double Q: the online net picks, the target net values

@@ -46,7 +46,8 @@ class R2D2Learner:
         self.net = net.to(self.device)
         # One learner process per device: the pass with gradients goes through DistributedDataParallel, whose backward
         # averages the gradients, so every rank takes the same step (the passes without gradients use the net itself)
-        self.train_net, self.distributed = self.net, distributed
+        self.train_net: torch.nn.Module = self.net
+        self.distributed = distributed
         if distributed:
             from torch.nn.parallel import DistributedDataParallel
 

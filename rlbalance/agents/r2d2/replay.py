@@ -220,7 +220,8 @@ class SequenceAssembler:
                 limit = np.flatnonzero(truncated[:-1, col]) if final_obs is not None else np.zeros(0, np.int64)
                 piece = Piece(unrolls[i], obs[:, col].copy(), action[:-1, col].copy(), reward[:-1, col].copy(),
                               cut[:-1, col].copy(), core[col].copy(), q[:-1, col].copy(),
-                              [(int(r), final_obs[r, col].numpy().copy()) for r in limit])
+                              [(int(r), final_obs[r, col].numpy().copy()) for r in limit]
+                              if final_obs is not None else [])
                 chain = self.chains.get(key)
                 if chain is None or chain[-1].unroll + 1 != piece.unroll:
                     chain = self.chains[key] = deque(maxlen=self.units)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ class Learner(LearnerBase):
         # DistributedDataParallel, whose backward all-reduces (averages) the gradients, so every rank takes the same
         # optimizer step from the same weights. Each rank's loss is a mean over its own batch; with equal batches
         # the averaged gradient is that of their union. Inference and checkpoints use the module itself.
-        self.train_model = self.model
+        self.train_model: torch.nn.Module = self.model
         if distributed:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -120,7 +121,7 @@ class Learner(LearnerBase):
         return total, stats, targets
 
     @torch.no_grad()
-    def _targets(self, b: dict[str, torch.Tensor], model: torch.nn.Module, log_rhos: torch.Tensor,
+    def _targets(self, b: dict[str, torch.Tensor], model: Any, log_rhos: torch.Tensor,
                  values: torch.Tensor, states: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """V-trace value targets and policy-gradient advantages for unrolls ``b``, [T, n] each. ``states``: a
         recurrent model's core state after each row (a time limit's last observation follows it)."""
@@ -158,8 +159,10 @@ class Learner(LearnerBase):
         self._update_obs_norm(b["obs"])
         n = b["action"].shape[1]
         m = cfg.minibatches
-        vs = adv = lp = None
-        sums: dict[str, torch.Tensor] = {}
+        vs: Any = None
+        adv: Any = None
+        lp: Any = None
+        sums: dict[str, Any] = {}
         fwd_bwd = optim = 0.0
         steps = 0
         steps_split = cfg.minibatch_split == "steps"
@@ -168,6 +171,7 @@ class Learner(LearnerBase):
             with torch.no_grad():
                 vs, adv, lp = self.loss(b, model=self.model)[2]
             fwd_bwd += time.perf_counter() - ta
+        parts: list[tuple[torch.Tensor | None, torch.Tensor | None]]
         for epoch in range(cfg.epochs):
             if steps_split:  # single steps from across the batch, as PPO shuffles its rollout
                 parts = [(None, idx) for idx in torch.randperm(t * n, device=vs.device).chunk(m)]
@@ -176,10 +180,12 @@ class Learner(LearnerBase):
                 parts = [(cols, None) for cols in order.chunk(m)]
             for cols, idx in parts:
                 ta = time.perf_counter()
+                targets: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
                 if idx is not None:
                     mb = {k: select_steps(b[k], t, idx) for k in ("obs", "action", "logits", "reward")}
-                    targets = tuple(select_steps(x, t, idx) for x in (vs, adv, lp))
+                    targets = (select_steps(vs, t, idx), select_steps(adv, t, idx), select_steps(lp, t, idx))
                 else:
+                    assert cols is not None  # (a part is steps or whole unrolls)
                     mb = b if m == 1 else self._columns(b, cols, targets_needed=epoch == 0)
                     targets = None if epoch == 0 else (vs[:, cols], adv[:, cols], lp[:, cols])
                 total, stats, (mvs, madv, mlp) = self.loss(mb, targets=targets)
@@ -207,8 +213,8 @@ class Learner(LearnerBase):
         optim += time.perf_counter() - tc  # the last step's device work, finished by that synchronisation
         if self.cuda:
             out["time_gpu_train"] = self._ev_start.elapsed_time(self._ev_end) / 1000.0
-        grad_norm = out.pop("grad_norm")
-        return self._count(b["action"], out, grad_norm, lr, t1 - t0, fwd_bwd, optim)
+        mean_grad_norm = out.pop("grad_norm")
+        return self._count(b["action"], out, mean_grad_norm, lr, t1 - t0, fwd_bwd, optim)
 
     @staticmethod
     def _columns(b: dict[str, torch.Tensor], cols: torch.Tensor, targets_needed: bool) -> dict[str, torch.Tensor]:

@@ -49,7 +49,14 @@ class ActorCritic(nn.Module):
         return run_torso(self.torso, x, self.torso_precision)
 
     def _value_features(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.value_torso is not None, "only a model with a value torso of its own has value features"
         return run_torso(self.value_torso, x, self.torso_precision)
+
+    @property
+    def lstm(self) -> nn.LSTMCell:
+        """The policy's LSTM core (a recurrent model's)."""
+        assert self.core is not None, "a feed-forward model has no core"
+        return self.core
 
     def _params(self, h: torch.Tensor) -> torch.Tensor:
         out = self.policy(h)
@@ -94,7 +101,7 @@ class ActorCritic(nn.Module):
     def _policy_step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's features and the next state, for observations [N, ...] after states [N, state_size]."""
         x = self._prep(obs)
-        h, pol = lstm_step(self.core, self._policy_features(x), state[:, :2 * self.core_size])
+        h, pol = lstm_step(self.lstm, self._policy_features(x), state[:, :2 * self.core_size])
         if self.value_core is None:
             return h, pol
         _, val = lstm_step(self.value_core, self._value_features(x), state[:, 2 * self.core_size:])
@@ -124,9 +131,9 @@ class ActorCritic(nn.Module):
         xv = self._value_features(x).reshape(t1, n, -1) if self.value_core is not None else None
         keep = (~first).to(state0.dtype)
         two = 2 * self.core_size
-        hp, states = lstm_sequence(self.core, xp, state0[:, :two], keep)
+        hp, states = lstm_sequence(self.lstm, xp, state0[:, :two], keep)
         hv = hp
-        if xv is not None:
+        if xv is not None and self.value_core is not None:
             hv, val_states = lstm_sequence(self.value_core, xv, state0[:, two:], keep)
             states = torch.cat([states, val_states], dim=-1)
         return self._params(hp), self.baseline(hv).squeeze(-1), states
@@ -136,7 +143,7 @@ class ActorCritic(nn.Module):
         bootstrap from a time limit's last observation)."""
         x = self._prep(obs)
         if self.value_core is None:
-            h, _ = lstm_step(self.core, self._policy_features(x), state)
+            h, _ = lstm_step(self.lstm, self._policy_features(x), state)
         else:
             h, _ = lstm_step(self.value_core, self._value_features(x), state[:, 2 * self.core_size:])
         return self.baseline(h).squeeze(-1)
