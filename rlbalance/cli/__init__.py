@@ -37,13 +37,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict, dict]:
     parser = argparse.ArgumentParser(
         prog="rlbalance", description="Train RL agents SEED-style on CPU-GPU machines, and measure and balance "
         "the machine: where the time goes, the bottleneck, and the best actor cores per accelerator.",
-        epilog="rlbalance COMMAND --help describes a command's options.")
+        epilog="rlbalance COMMAND --help describes a command's options.", allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"rlbalance {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     modules, parsers = {}, {}
     for name, help_text in SUBCOMMANDS.items():
         mod = importlib.import_module(f"rlbalance.cli.{name}")
-        p = sub.add_parser(name, help=help_text, description=mod.__doc__, formatter_class=HelpFormatter)
+        # no abbreviated options: --actors.num_actor is a typo to name (did you mean ...?), not --actors.num_actors
+        p = sub.add_parser(name, help=help_text, description=mod.__doc__, formatter_class=HelpFormatter,
+                           allow_abbrev=False)
         mod.add_arguments(p)
         positionals = [a.metavar or a.dest.upper() for a in p._actions if not a.option_strings]
         p.usage = " ".join(["%(prog)s", *positionals, "[OPTIONS]"])  # (argparse's own lists every option)

@@ -89,3 +89,14 @@ def test_every_help_example_parses_as_written():
                 C.merge(cli_overrides(args))  # --set items are well formed
             seen += 1
     assert seen >= 20
+
+
+def test_an_abbreviated_option_is_refused_with_the_one_meant(tmp_path, capsys):
+    """argparse's prefix matching took --actors.num_actor for --actors.num_actors and trained a whole run; a typo is
+    named instead, with the option meant, before anything starts (issue 48, item 5)."""
+    from rlbalance.cli import main
+
+    assert main(["train", "--actors.num_actor", "3", "--run.out_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized argument --actors.num_actor" in err and "did you mean --actors.num_actors?" in err
+    assert not any(tmp_path.iterdir())
