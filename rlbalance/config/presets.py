@@ -204,11 +204,13 @@ def game_layer(name: str, env_id: str, agent: str) -> dict[str, dict[str, Any]]:
 def layer(name: str, env_id: str = "", agent: str = "vtrace") -> dict[str, Any]:
     """The overrides of preset ``name`` ('none': no overrides), with the env's own settings where it has some, an
     agent's own (learner.agent) over them, and an Atari game's own for that agent over all (the atari preset only)."""
+    if name not in PRESETS:  # run.preset=none: no layer at all, the agent's included (the bare field defaults)
+        return {}
     out = {sec: dict(vals) for sec, vals in PRESETS.get(name, {}).items()}
     if name in PRESETS:
         for sec, vals in ENV_PRESETS.get(env_id.partition(":")[2] if ":" in env_id else env_id, {}).items():
             out.setdefault(sec, {}).update(vals)
-    # the agent's own values come with the agent (also under run.preset=none); its per-family ones with the family
+    # the agent's own values come with the agent; its per-family ones with the family
     for extra in (AGENT_PRESETS.get(agent, {}), AGENT_FAMILY_PRESETS.get((agent, name), {}),
                   game_layer(name, env_id, agent)):
         for sec, vals in extra.items():

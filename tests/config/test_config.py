@@ -201,3 +201,12 @@ def test_a_recorded_config_reads_back_as_it_ran_not_with_newer_preset_values(tmp
     assert (back.env.episodic_life, back.actors.num_actors, back.learner.unroll_length) == (False, 2, 20)
     assert back.run.preset == "atari" and back.learner.epochs == 4  # the recorded preset values stay
     assert C.from_dict(C.build({"env": {"id": "ALE/SpaceInvaders-v5"}}).to_dict()).learner.unroll_length == 128
+
+
+def test_preset_none_means_no_layer_at_all_the_agents_included():
+    """run.preset=none gives the bare field defaults: the agent's own layer (R2D2's learning rate, core, ...) no longer
+    comes with it (issue 45, item 4), so what the error hints promise ('run.preset=none for no preset') holds."""
+    bare = C.build({"learner": {"agent": "r2d2"}, "run": {"preset": "none"}})
+    assert bare.learner.learning_rate == C.LearnerConfig.learning_rate and bare.learner.core == C.LearnerConfig.core
+    with_preset = C.build({"learner": {"agent": "r2d2"}})
+    assert with_preset.learner.core == "lstm" and with_preset.learner.learning_rate != C.LearnerConfig.learning_rate
