@@ -209,4 +209,5 @@ def test_preset_none_means_no_layer_at_all_the_agents_included():
     bare = C.build({"learner": {"agent": "r2d2"}, "run": {"preset": "none"}})
     assert bare.learner.learning_rate == C.LearnerConfig.learning_rate and bare.learner.core == C.LearnerConfig.core
     with_preset = C.build({"learner": {"agent": "r2d2"}})
-    assert with_preset.learner.core == "lstm" and with_preset.learner.learning_rate != C.LearnerConfig.learning_rate
+    assert with_preset.learner.core == "lstm" and with_preset.learner.unroll_length != C.LearnerConfig.unroll_length
+    assert bare.learner.unroll_length == C.LearnerConfig.unroll_length
