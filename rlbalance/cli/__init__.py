@@ -13,6 +13,7 @@ from rlbalance.core.errors import ConfigError
 SUBCOMMANDS = {
     "train": "Train an agent (SEED-style central inference or IMPALA-style actor inference).",
     "profile": "Train briefly, then a torch.profiler kernel view of inference and training.",
+    "config": "Show the effective config, each value with the layer that set it (defaults, preset, file, command line).",
     "eval": "Play whole games with a run's checkpoint (no learning) and report the returns.",
     "report": "Write a run's HTML report (plots, stage breakdown, verdict) and CSV files.",
     "sweep": "Run a design-space sweep of training runs into an SQLite database (resumable).",

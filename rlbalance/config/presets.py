@@ -201,18 +201,25 @@ def game_layer(name: str, env_id: str, agent: str) -> dict[str, dict[str, Any]]:
     return ATARI_GAME_PRESETS.get((agent, atari_game(env_id)), {}) if name == "atari" and is_atari(env_id) else {}
 
 
-def layer(name: str, env_id: str = "", agent: str = "vtrace") -> dict[str, Any]:
-    """The overrides of preset ``name`` ('none': no overrides), with the env's own settings where it has some, an
-    agent's own (learner.agent) over them, and an Atari game's own for that agent over all (the atari preset only)."""
+def layer_parts(name: str, env_id: str = "", agent: str = "vtrace") -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """The parts of preset ``name``'s layer, lowest first, each named as ``rlbalance config show`` names it: the
+    family's settings, the env's own, the agent's own, the agent's on this family, an Atari game's own for the agent.
+    None under run.preset=none."""
     if name not in PRESETS:  # run.preset=none: no layer at all, the agent's included (the bare field defaults)
-        return {}
-    out = {sec: dict(vals) for sec, vals in PRESETS.get(name, {}).items()}
-    if name in PRESETS:
-        for sec, vals in ENV_PRESETS.get(env_id.partition(":")[2] if ":" in env_id else env_id, {}).items():
-            out.setdefault(sec, {}).update(vals)
-    # the agent's own values come with the agent; its per-family ones with the family
-    for extra in (AGENT_PRESETS.get(agent, {}), AGENT_FAMILY_PRESETS.get((agent, name), {}),
-                  game_layer(name, env_id, agent)):
-        for sec, vals in extra.items():
+        return []
+    env_key = env_id.partition(":")[2] if ":" in env_id else env_id
+    parts = [(f"{name} preset", PRESETS[name]), (f"{name} preset: {env_key}'s own", ENV_PRESETS.get(env_key, {})),
+             (f"{name} preset: {agent}'s own", AGENT_PRESETS.get(agent, {})),
+             (f"{name} preset: {agent} on {name}", AGENT_FAMILY_PRESETS.get((agent, name), {})),
+             (f"{name} preset: {atari_game(env_id)}'s own for {agent}", game_layer(name, env_id, agent))]
+    return [(label, vals) for label, vals in parts if vals]
+
+
+def layer(name: str, env_id: str = "", agent: str = "vtrace") -> dict[str, Any]:
+    """The overrides of preset ``name`` ('none': no overrides): its parts (``layer_parts``) merged, the later over
+    the earlier."""
+    out: dict[str, Any] = {}
+    for _, part in layer_parts(name, env_id, agent):
+        for sec, vals in part.items():
             out.setdefault(sec, {}).update(vals)
     return out
