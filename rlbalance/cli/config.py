@@ -18,7 +18,7 @@ import argparse
 import dataclasses
 import json
 
-from rlbalance.cli.options import add_config_arguments, cli_overrides, read_config_file
+from rlbalance.cli.options import add_config_arguments, config_layers
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,20 +34,8 @@ def layered(args: argparse.Namespace) -> tuple[object, dict[str, dict[str, tuple
     from rlbalance import config as C
     from rlbalance.config.presets import layer_parts
 
-    cli = cli_overrides(args)
-    file = read_config_file(args)
-    sources: list[tuple[str, dict]] = []
-    if args.resume:
-        from rlbalance.runtime.rundir import RunDir
-
-        record = RunDir(args.resume).read_config(cli, args.trust_modules).to_dict()
-        sources.append((f"config.json of {args.resume}", record))
-        cfg = C.build(C.merge(record, file, cli))  # as train --resume builds it
-    else:
-        cfg = C.build(C.merge(file, cli))
-    if args.config:
-        sources.append((f"config file {args.config}", file))
-    sources.append(("command line", cli))
+    sources = config_layers(args, args.resume)
+    cfg = C.build(C.merge(*(layer for _, layer in sources)))  # as train builds it (load_config)
     layers = [*layer_parts(cfg.run.preset, cfg.env.id, cfg.learner.agent), *sources]
     out: dict[str, dict[str, tuple[object, str]]] = {}
     for sec in C.SECTIONS:

@@ -111,8 +111,25 @@ def cli_overrides(args: argparse.Namespace) -> dict:
     return out
 
 
-def load_config(args: argparse.Namespace) -> C.Config:
-    return C.load(args.config, cli_overrides(args), trust_modules=args.trust_modules)
+def config_layers(args: argparse.Namespace, resume: str | None = None) -> list[tuple[str, dict]]:
+    """The layers a command line puts over the preset, lowest first, each with its name: a resumed run's
+    config.json, the --config file, the command line; the modules the files name confirmed by the command line or
+    --trust-modules. ``train`` builds its config from them, ``config show`` names them."""
+    cli = cli_overrides(args)
+    layers: list[tuple[str, dict]] = []
+    if resume:
+        from rlbalance.runtime.rundir import RunDir
+
+        layers.append((f"config.json of {resume}", RunDir(resume).read_config(cli, args.trust_modules).to_dict()))
+    if args.config:
+        layers.append((f"config file {args.config}", C.read_file(args.config, cli, args.trust_modules)))
+    layers.append(("command line", cli))
+    return layers
+
+
+def load_config(args: argparse.Namespace, resume: str | None = None) -> C.Config:
+    """The config of a command line (over ``resume``'s recorded one where given), as ``train`` runs it."""
+    return C.build(C.merge(*(layer for _, layer in config_layers(args, resume))))
 
 
 def read_config_file(args: argparse.Namespace) -> dict:

@@ -17,8 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from rlbalance import config as C
-from rlbalance.cli.options import add_config_arguments, cli_overrides, load_config
+from rlbalance.cli.options import add_config_arguments, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,22 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlbalance.runtime.rundir import RunDir
     from rlbalance.runtime.train import train
 
     if args.ray:
         args.set = [*args.set, f"ray.address={args.ray}"]
-    if args.resume:
-        cli = cli_overrides(args)
-        RunDir(args.resume).check_owner(args.allow_other_owner)
-        base = RunDir(args.resume).read_config(cli, args.trust_modules).to_dict()
-        layers = [base]
-        if args.config:
-            layers.append(C.read_file(args.config, cli, args.trust_modules))
-        layers.append(cli)
-        cfg = C.build(C.merge(*layers))
-    else:
-        cfg = load_config(args)
+    cfg = load_config(args, args.resume)  # (train() refuses another user's run directory first thing)
     summary = train(cfg, resume=args.resume, allow_other_owner=args.allow_other_owner)
     if summary.get("rank"):  # a learner rank of a torchrun launch: rank 0 prints the run's summary
         print(f"learner rank {summary['rank']}: {summary['outcome']}")

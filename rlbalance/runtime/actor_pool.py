@@ -16,8 +16,8 @@ import os
 import pickle
 import signal
 import time
-from typing import Any
 from multiprocessing.connection import wait
+from typing import Any
 
 from rlbalance.config import Config
 from rlbalance.runtime.actor import (

@@ -28,7 +28,7 @@ from rlbalance.core import distributed
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
 from rlbalance.runtime.actor_pool import UNGUARDED_MAIN_EXIT, unguarded_main_error
-from rlbalance.runtime.roles import ActorSet, NodeFigures
+from rlbalance.runtime.roles import NO_FAULTS, ActorSet, NodeFigures
 
 REPORT_EVERY_S = 1.0
 
@@ -172,12 +172,10 @@ class RankSession:
         self.role_snapshot("learner", self.timer.snapshot(reset=True))
         if self.gpu_timer.total:  # this rank's GPU busy time (training here; inference from its server)
             self.role_snapshot("gpu", self.gpu_timer.snapshot(reset=True))
-        ledger = self.actors.ledger if self.actors is not None else None
         msg = {"rank": self.rank, "roles": self._roles, "episodes": self._episodes, "lags": self._lags,
                "warm": self.warm, "batch_sizes": dict(self.batch_sizes),
                "node_reports": self.nodes.take() if self.nodes is not None else [],
-               "actor_restarts": ledger.restarts if ledger else 0,
-               "actor_seconds_lost": ledger.pending_lost_seconds() if ledger else 0.0}
+               **(self.actors.ledger.figures() if self.actors is not None else NO_FAULTS)}
         self._roles, self._episodes, self._lags = {}, [], []
         self.batch_sizes = Counter()
         return msg

@@ -7,8 +7,8 @@ import os
 import socket
 import time
 import warnings
-from typing import Any
 from dataclasses import fields
+from typing import Any
 
 import numpy as np
 import torch

@@ -59,7 +59,12 @@ class FaultLedger:
         return self.lost_seconds + sum(now - t for t in self.down.values())
 
     def figures(self) -> dict[str, Any]:
+        """What the summary and a learner rank's report say of the actors' faults (see ``NO_FAULTS``)."""
         return {"actor_restarts": self.restarts, "actor_seconds_lost": self.pending_lost_seconds()}
+
+
+#: ``FaultLedger.figures`` where there are no actors (yet)
+NO_FAULTS: dict[str, Any] = {"actor_restarts": 0, "actor_seconds_lost": 0.0}
 
 
 @runtime_checkable

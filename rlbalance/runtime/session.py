@@ -21,7 +21,7 @@ from rlbalance.core.jsonio import atomic_write_json
 from rlbalance.core.thinned import Thinned
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
-from rlbalance.runtime.roles import ActorSet, NodeFigures
+from rlbalance.runtime.roles import NO_FAULTS, ActorSet, NodeFigures
 from rlbalance.runtime.rundir import RunDir
 from rlbalance.telemetry.hardware import HardwareSampler, PowerModel
 from rlbalance.telemetry.metrics import EpisodeStats, MetricsLogger, Progress
@@ -422,9 +422,8 @@ class Session:
             "episode_return_last100": self.episodes.mean_return(), "episodes": self.episodes.count,
             "episode_return_best100": self.episodes.best_mean,
             "policy_lag_mean": self.lag_total / self.lag_count if self.lag_count else None,
-            "actor_restarts": self.actors.ledger.restarts if self.actors else 0,
-            "actor_seconds_lost": self.actors.ledger.pending_lost_seconds() if self.actors else 0.0,
-            "actor_faults": self.actors.ledger.events if self.actors else [],
+            **(self.actors.ledger.figures() if self.actors is not None else NO_FAULTS),
+            "actor_faults": self.actors.ledger.events if self.actors is not None else [],
             "verdict": tel["verdict"]["verdict"], "verdict_evidence": tel["verdict"]["evidence"],
             "verdict_advice": tel["verdict"]["advice"], "stage_shares": tel["stage_shares"],
             "node_power_w": hw.get("node_power_w"), "cpu_util_mean": hw.get("cpu_util_mean"),
