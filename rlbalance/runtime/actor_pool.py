@@ -227,6 +227,11 @@ class ActorPool:
         for c in wait([c for _, c in live.values()], timeout=timeout):
             self._read(*live[id(c)])
 
+    def serve(self, server: Any) -> None:
+        """The central inference server of these actors: its error stops the run, a restarted actor's channels go to
+        it, and it stops with them."""
+        self.server = server
+
     def health(self) -> None:
         """The inference server's error, if it failed; dead or hung actors restarted."""
         if self.server is not None and self.server.error is not None:

@@ -104,7 +104,7 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> No
                                  cfg.inference.max_batch, cfg.inference.max_wait_ms, session.model_lock,
                                  lambda: learner.updates, cfg.run.seed, cfg.telemetry.stage_timers,
                                  exploration(cfg, learner.device))
-        pool.server = server
+        pool.serve(server)
         server.start()
     weights = sh.weights
     publish = None if weights is None else (lambda: weights.publish(learner.model, learner.updates))
