@@ -60,6 +60,15 @@ class Config:
             _require(not self.actors.cpu_affinity, "actors.cpu_affinity", self.actors.cpu_affinity,
                      "pins local actor processes; with ray.address, give each Ray node its CPUs "
                      "(ray start --num-cpus N) and set ray.cpus_per_actor instead")
+        if self.run.balance == "auto":
+            _require(self.run.mode == "parallel", "run.balance", self.run.balance,
+                     "moves actor processes: it needs run.mode=parallel (or set run.balance=off)")
+            _require(not self.ray.enabled, "run.balance", self.run.balance,
+                     "balances local actor processes; with ray.address set, use run.balance=off for now")
+            _require(self.learner.devices == 1, "run.balance", self.run.balance,
+                     "balances one learner's actors; with learner.devices > 1 use run.balance=off for now")
+            _require(not self.actors.cpu_affinity, "run.balance", self.run.balance,
+                     "moves actors across the cores itself; leave actors.cpu_affinity empty (or run.balance=off)")
         k = self.actors.envs_per_actor
         _require(self.learner.batch_size % k == 0, "learner.batch_size", self.learner.batch_size,
                  f"must be a multiple of actors.envs_per_actor={k}, since each actor buffer holds {k} unrolls "

@@ -26,6 +26,7 @@ INFERENCE_MODES = ("central", "actor")
 MODELS = ("auto", "mlp", "nature_cnn")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("parallel", "serial")
+BALANCE_MODES = ("off", "auto")
 AGENTS = ("vtrace", "r2d2")
 WANDB_MODES = ("off", "offline", "online")
 
@@ -400,8 +401,25 @@ class RunConfig:
                      "Box actions, 'classic' for the rest), "
                      "'none' uses the bare defaults; "
                      "config.json records the one used.")
+    balance: str = _f("off", "'auto': while it trains, the run measures itself in windows and moves its layout "
+                      "(actor processes, learner threads, the inference server's wait) toward the best throughput on "
+                      "this machine, keeping a move only if it measures better (local actor processes, one learner; "
+                      "summary.json's balance and the run directory's balanced.json say what it found); 'off': "
+                      "the layout stays as configured.")
+    balance_window_s: float = _f(5.0, "run.balance=auto: seconds in one measured window (each layout is measured "
+                                 "over 3 windows, after one to settle).")
+    balance_max_actors: int = _f(0, "run.balance=auto: most actor processes it may run (0: twice the cores the run "
+                                 "may use, at least actors.num_actors).")
+    balance_min_gain: float = _f(0.05, "run.balance=auto: the least measured gain a move must show to be kept "
+                                 "(and beyond twice its windows' standard error).")
 
     def __post_init__(self) -> None:
+        _require(self.balance in BALANCE_MODES, "run.balance", self.balance, f"one of {BALANCE_MODES}")
+        _require(self.balance_window_s > 0, "run.balance_window_s", self.balance_window_s, "must be > 0")
+        _require(self.balance_max_actors >= 0, "run.balance_max_actors", self.balance_max_actors,
+                 "must be >= 0 (0: twice the cores)")
+        _require(0 <= self.balance_min_gain < 1, "run.balance_min_gain", self.balance_min_gain,
+                 "must be in [0, 1), e.g. 0.05")
         _require(self.total_steps >= 1, "run.total_steps", self.total_steps, "must be >= 1")
         _require(self.mode in MODES, "run.mode", self.mode, f"one of {MODES}")
         _require(self.checkpoint_interval_s > 0, "run.checkpoint_interval_s", self.checkpoint_interval_s,

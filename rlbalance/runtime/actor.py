@@ -290,6 +290,7 @@ class ActorShared:
 
 FREE, FULL, STATS, START_FAILED = b"B", b"F", b"S", b"X"  # control-pipe message kinds: free buffer in; full buffer,
 # stats and the error an actor could not start with (its traceback) out
+RETIRE = b"R"  # in: finish each group's unroll in progress, take no new buffer, exit (a run that balances itself)
 START_FAILED_EXIT = 86  # an actor's exit code when it could not start (START_FAILED says why)
 
 
@@ -305,6 +306,7 @@ class BufferLink:
     def __init__(self, conn, actor_id: int, stop: torch.Tensor, beat):
         self.conn, self.actor_id, self.stop, self.beat = conn, actor_id, stop, beat
         self.free: list[int] = []
+        self.retiring = False
 
     def _receive(self, timeout: float) -> None:
         if self.conn.poll(timeout):
@@ -312,20 +314,23 @@ class BufferLink:
                 msg = self.conn.recv_bytes()
                 if msg[:1] == FREE:
                     self.free.append(int.from_bytes(msg[1:5], "little"))
+                elif msg[:1] == RETIRE:
+                    self.retiring = True
                 if not self.conn.poll(0):
                     break
 
-    def take(self, timer: StageTimer) -> int:
-        """A free buffer index. Waiting on the learner is not hanging: the heartbeat goes on meanwhile."""
+    def take(self, timer: StageTimer) -> int | None:
+        """A free buffer index; None once the learner retires this actor (the buffers it sent and this actor did
+        not begin stay the learner's). Waiting on the learner is not hanging: the heartbeat goes on meanwhile."""
         with timer.stage("wait_buffer"):
             self._receive(0)
-            while not self.free:
+            while not self.free and not self.retiring:
                 if self.stop[0]:
                     raise _Stopped
                 self._receive(0.2)
                 self.beat()
                 _check_parent()
-        return self.free.pop(0)
+        return None if self.retiring else self.free.pop(0)
 
     def full(self, idx: int) -> None:
         self.conn.send_bytes(encode_index(FULL, idx))
@@ -380,16 +385,19 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
             link.start_failed(traceback.format_exc())
             raise SystemExit(START_FAILED_EXIT) from None  # (the learner shows the traceback, once)
         rollouts = [Rollout(e, p, timer, c, unroll_base(incarnation)) for e, p, c in zip(envs, policies, clients)]
-        owned = [link.take(timer) for _ in rollouts]
+        owned: list[int | None] = [link.take(timer) for _ in rollouts]
         for r, idx in zip(rollouts, owned):
-            r.begin(sh.buffers.view(idx))
+            if idx is not None:
+                r.begin(sh.buffers.view(idx))
         last_report = time.perf_counter()
-        while not sh.stop[0]:
+        while not sh.stop[0] and any(idx is not None for idx in owned):  # (retired: every unroll finished)
             for i, r in enumerate(rollouts):
-                if r.step():
-                    link.full(owned[i])
-                    owned[i] = link.take(timer)
-                    r.begin(sh.buffers.view(owned[i]))
+                idx = owned[i]
+                if idx is not None and r.step():
+                    link.full(idx)
+                    idx = owned[i] = link.take(timer)
+                    if idx is not None:
+                        r.begin(sh.buffers.view(idx))
             beat()
             now = time.perf_counter()
             if now - last_report > 1.0:

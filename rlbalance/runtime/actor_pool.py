@@ -21,7 +21,7 @@ from typing import Any
 
 from rlbalance.config import Config
 from rlbalance.runtime.actor import (
-    FREE, FULL, START_FAILED, START_FAILED_EXIT, STATS, ActorShared, actor_main, encode_index,
+    FREE, FULL, RETIRE, START_FAILED, START_FAILED_EXIT, STATS, ActorShared, actor_main, encode_index,
 )
 from rlbalance.runtime.roles import ActorFailure, FaultLedger, RunSession, take_inference_figures
 
@@ -80,39 +80,60 @@ def _start_failure(i: int, exitcode: int | None, text: str | None) -> ActorStart
 
 
 class ActorPool:
-    """Local actor processes over shared memory: an ``ActorSet`` (rlbalance/runtime/roles.py)."""
+    """Local actor processes over shared memory: an ``ActorSet`` (rlbalance/runtime/roles.py) that can grow and
+    shrink while the run goes on (``resize``: a run that balances itself).
 
-    def __init__(self, ctx, cfg: Config, shared: ActorShared, on_start=None):
+    ``cfg.actors.num_actors`` is the pool's capacity (the shared memory, step slots and heartbeats are allocated for
+    it); ``active`` actors run (all of them by default). Buffers belong to no actor for good: a free buffer goes to
+    the running actor holding the fewest, up to each actor's share at the number running (``quota``)."""
+
+    def __init__(self, ctx, cfg: Config, shared: ActorShared, on_start=None, active: int | None = None):
         self.ctx, self.cfg, self.sh = ctx, cfg, shared
         self.g = cfg.actors.env_groups
         self.central = cfg.inference.mode == "central"
         self.on_start = on_start  # called with (actor_id, pid) for each process started
-        self.procs: list = [None] * cfg.actors.num_actors
-        self.incarnation = [0] * cfg.actors.num_actors
+        self.capacity = cfg.actors.num_actors
+        self.active = min(active or self.capacity, self.capacity)
+        self.procs: list = [None] * self.capacity
+        self.incarnation = [0] * self.capacity
         self.parent_conns: list = [None] * cfg.num_clients
         self.ledger = FaultLedger(cfg.actors.max_restarts)
         self._awaiting: dict[int, float] = {}  # restarted actor -> when, until its new process steps
         self.server: Any = None  # the central inference server (inference.InferenceServer): its health is the pool's
         self._last_check = time.monotonic()
-        self.started = [0.0] * cfg.actors.num_actors  # when each actor's current process was started
-        self.ctl: list = [None] * cfg.actors.num_actors  # the learner's end of each actor's control pipe
-        self.per_actor = cfg.buffers_per_actor_process
+        self.started = [0.0] * self.capacity  # when each actor's current process was started
+        self.delivered = [0] * self.capacity  # unrolls each actor's current process has sent
+        self.ctl: list = [None] * self.capacity  # the learner's end of each actor's control pipe
         self.full: list[int] = []  # full buffers, oldest first, not yet taken by the learner
-        self.at_actor: set[int] = set()  # buffers sent to their actor and not yet back full
-        self.unsent: list[list[int]] = [list(range(i * self.per_actor, (i + 1) * self.per_actor))
-                                        for i in range(cfg.actors.num_actors)]  # free, for the next process
+        self.holder: dict[int, int] = {}  # buffer -> the actor it was sent to, until it comes back full
+        self.spare: list[int] = list(range(cfg.num_buffers))  # free buffers at no actor
+        self.retiring: set[int] = set()  # actors told to finish their unrolls and exit
         self.stats: list[tuple] = []
         self._eof: set[int] = set()  # actors whose control pipe closed (dead), until restarted
         self.start_errors: dict[int, str] = {}  # actor -> the traceback it could not start with
 
-    def owner(self, idx: int) -> int:
-        return idx // self.per_actor
+    @property
+    def at_actor(self) -> set[int]:
+        return set(self.holder)
+
+    def quota(self) -> int:
+        """Buffers each running actor may hold: what a run of ``active`` actors would own (actors.buffers_per_actor,
+        or enough for two learner batches plus one per group)."""
+        a, bpa = self.cfg.actors, self.cfg.actors.buffers_per_actor
+        if bpa:
+            return a.env_groups * bpa
+        return a.env_groups + -(-2 * self.cfg.buffers_per_batch // max(1, self.running()))
+
+    def running(self) -> int:
+        """Actors running and not retiring."""
+        return sum(1 for i, p in enumerate(self.procs) if p is not None and i not in self.retiring)
 
     def start_all(self) -> None:
-        for i in range(len(self.procs)):
-            self._start(i)
+        for i in range(self.active):
+            self._start(i, distribute=False)
+        self._distribute()  # (once all run: an even share each)
 
-    def _start(self, i: int) -> list:
+    def _start(self, i: int, distribute: bool = True) -> list:
         conns, child_ends = [], []
         if self.central:
             for _ in range(self.g):
@@ -129,9 +150,10 @@ class ActorPool:
             c.close()  # only the child holds its ends: its death closes them (EOF here, never a stall)
         self.procs[i] = p
         self.ctl[i] = ctl
+        self.delivered[i] = 0
         self._eof.discard(i)
-        todo, self.unsent[i] = self.unsent[i], []
-        self._send_free(todo)
+        if distribute:
+            self._distribute()
         for j, c in enumerate(conns):
             old = self.parent_conns[i * self.g + j]
             self.parent_conns[i * self.g + j] = c
@@ -141,12 +163,47 @@ class ActorPool:
             self.on_start(i, p.pid)
         return conns
 
+    def resize(self, n: int) -> None:
+        """Run ``n`` actors (1..capacity): new ones are started in free slots; the last running ones are retired:
+        each finishes the unrolls it has begun, sends them, and exits (no unroll is lost), and the buffers it was
+        sent and did not begin go to the others."""
+        n = max(1, min(n, self.capacity))
+        run = [i for i, p in enumerate(self.procs) if p is not None and i not in self.retiring]
+        for i in reversed(run[n:]):
+            self.retiring.add(i)
+            try:
+                self.ctl[i].send_bytes(RETIRE)
+            except (BrokenPipeError, ConnectionResetError, OSError, AttributeError):
+                pass  # already dead: check() reclaims it
+        free = [i for i, p in enumerate(self.procs) if p is None]
+        for i in free[:max(0, n - len(run))]:
+            if self.started[i]:  # a slot run before: a new incarnation (its seeds and unroll numbers differ)
+                self.incarnation[i] += 1
+            conns = self._start(i, distribute=False)
+            if self.server is not None:
+                self.server.replace_clients(list(range(i * self.g, (i + 1) * self.g)), conns)
+        self.active = n
+        self._distribute()
+
+    def settled(self) -> bool:
+        """No actor is being retired and every running actor has sent an unroll since it started."""
+        return not self.retiring and not self._awaiting and all(
+            self.delivered[i] > 0 for i, p in enumerate(self.procs) if p is not None)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p is not None]
+
     def check(self) -> None:
         """Restart dead or hung actors; account for the time they were lost."""
         now = time.monotonic()
         timeout = self.cfg.actors.heartbeat_timeout_s
         for i, p in enumerate(self.procs):
+            if p is None:
+                continue
             beat = float(self.sh.heartbeat[i])
+            if i in self.retiring:
+                self._check_retiring(i, p, now - beat > timeout)
+                continue
             if i in self._awaiting:
                 t_restart = self._awaiting[i]
                 if beat > t_restart:  # the new process stepped: it is back
@@ -178,27 +235,63 @@ class ActorPool:
                 self.server.replace_clients(list(range(i * self.g, (i + 1) * self.g)), conns)
             self._awaiting[i] = time.monotonic()
 
+    def _check_retiring(self, i: int, p, hung: bool) -> None:
+        """A retiring actor that has exited (or hangs: killed) leaves its slot; what it sent is read first."""
+        if hung and p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(timeout=5)
+        if p.is_alive():
+            return
+        p.join(timeout=1)
+        self._reclaim(i)
+        self.procs[i] = None
+        self.retiring.discard(i)
+        if self.server is not None:
+            self.server.remove_clients(list(range(i * self.g, (i + 1) * self.g)))
+        for j in range(i * self.g, (i + 1) * self.g):
+            c, self.parent_conns[j] = self.parent_conns[j], None
+            if c is not None:
+                c.close()
+        self._distribute()
+
     def _reclaim(self, i: int) -> None:
-        """Whatever the dead actor sent before it died is read; the buffers it held go to its next process."""
+        """Whatever the dead actor sent before it died is read; the buffers it held go to the others (its next
+        process among them): an unroll it had begun is begun again."""
         conn, self.ctl[i] = self.ctl[i], None
         if conn is not None:
             self._read(i, conn)
             conn.close()
-        held = sorted(idx for idx in self.at_actor if self.owner(idx) == i)
-        self.at_actor.difference_update(held)
-        self.unsent[i].extend(held)
+        held = sorted(idx for idx, a in self.holder.items() if a == i)
+        for idx in held:
+            del self.holder[idx]
+        self.spare.extend(held)
 
     def _send_free(self, idx: list[int]) -> None:
-        for j in idx:
-            i = self.owner(j)
-            conn = self.ctl[i]
+        self.spare.extend(idx)
+        self._distribute()
+
+    def _distribute(self) -> None:
+        """Spare buffers to the running actors holding fewer than their quota, the fewest first."""
+        if not self.spare:
+            return
+        quota = self.quota()
+        held = {i: 0 for i, c in enumerate(self.ctl)
+                if c is not None and i not in self.retiring and i not in self._eof}
+        for a in self.holder.values():
+            if a in held:
+                held[a] += 1
+        while self.spare and held:
+            i = min(held, key=lambda a: (held[a], a))
+            if held[i] >= quota:
+                break
+            j = self.spare.pop(0)
             try:
-                if conn is None:
-                    raise BrokenPipeError
-                conn.send_bytes(encode_index(FREE, j))
-                self.at_actor.add(j)
+                self.ctl[i].send_bytes(encode_index(FREE, j))
+                self.holder[j] = i
+                held[i] += 1
             except (BrokenPipeError, ConnectionResetError, OSError):
-                self.unsent[i].append(j)  # the actor is dead: its next process gets it
+                self.spare.insert(0, j)  # the actor is dead: check() restarts it
+                del held[i]
 
     def _read(self, i: int, conn) -> None:
         """Every message waiting on actor i's control pipe."""
@@ -208,9 +301,10 @@ class ActorPool:
                 kind = msg[:1]
                 if kind == FULL:
                     j = int.from_bytes(msg[1:5], "little")
-                    if j in self.at_actor:
-                        self.at_actor.discard(j)
+                    if self.holder.get(j) == i:
+                        del self.holder[j]
                         self.full.append(j)
+                        self.delivered[i] += 1
                 elif kind == STATS:
                     self.stats.append(pickle.loads(msg[1:]))
                 elif kind == START_FAILED:
@@ -282,7 +376,7 @@ class ActorPool:
             session.role_snapshot(role, snap)
         if self.server is not None:
             take_inference_figures(session, self.server, final)
-        session.set_scalars({"queue/full": float(len(self.full)), "queue/at_actors": float(len(self.at_actor))})
+        session.set_scalars({"queue/full": float(len(self.full)), "queue/at_actors": float(len(self.holder))})
 
     def stop(self) -> None:
         self.sh.stop[0] = 1

@@ -159,6 +159,9 @@ class RankSession:
     def note_info(self, key: str, value: Any) -> None:
         pass  # (rank 0 records its own runtime's facts)
 
+    def attach_balancer(self, balancer: Any) -> None:
+        pass  # (run.balance=auto runs one learner: refused with learner.devices > 1 until ranks balance)
+
     def after_update(self, batch: dict, stats: dict) -> None:
         from rlbalance.runtime.session import update_figures
 

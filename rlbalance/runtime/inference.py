@@ -40,9 +40,10 @@ class InferenceServer(threading.Thread):
             self._ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         # every env's core state (a recurrent policy's, kept on the learner device as SEED does) and exploration values
         self.envs = EnvStates(model, len(conns), self.k, device, explore)
-        self._conn_index = {id(c): i for i, c in enumerate(conns)}
+        self._conn_index = {id(c): i for i, c in enumerate(conns) if c is not None}
         self._lock = threading.Lock()
-        self._dead: set[int] = set()  # clients whose channel closed (a dead actor) until replaced
+        # clients whose channel closed (a dead actor) until replaced, or that no actor runs (a pool below capacity)
+        self._dead: set[int] = {i for i, c in enumerate(conns) if c is None}
         self._replaced: set[int] = set()
 
     def replace_clients(self, ids: list[int], conns: list) -> None:
@@ -52,7 +53,28 @@ class InferenceServer(threading.Thread):
                 self.conns[i] = c
                 self._dead.discard(i)
                 self._replaced.add(i)
-            self._conn_index = {id(c): i for i, c in enumerate(self.conns)}
+            self._conn_index = {id(c): i for i, c in enumerate(self.conns) if c is not None}
+
+    def remove_clients(self, ids: list[int]) -> None:
+        """A retired actor's env groups: no longer served (called from the learner thread, before their channels
+        are closed)."""
+        with self._lock:
+            for i in ids:
+                self.conns[i] = None
+                self._dead.add(i)
+                self._replaced.add(i)
+            self._conn_index = {id(c): i for i, c in enumerate(self.conns) if c is not None}
+
+    def set_layout(self, max_wait_ms: float | None = None, torch_threads: int | None = None,
+                   max_batch: int | None = None) -> None:
+        """Move the server's knobs while it runs (a run that balances itself): its wait for a fuller batch, its
+        thread's torch threads (applied before its next batch), the most envs in one forward pass (0: all)."""
+        if max_wait_ms is not None:
+            self.max_wait = max_wait_ms / 1000.0
+        if torch_threads is not None:
+            self.torch_threads = torch_threads
+        if max_batch is not None:
+            self.max_clients = max(1, (max_batch or self.k * len(self.conns)) // self.k)
 
     def _collect(self, pending: list[int]) -> list[int]:
         """Wait for requests; return the client (env group) ids to serve now, oldest first.
@@ -112,14 +134,18 @@ class InferenceServer(threading.Thread):
     def _loop(self) -> None:
         pending: list[int] = []
         slots, timer = self.slots, self.timer
+        threads = self.torch_threads
         while not self.stop_event.is_set():
+            if self.torch_threads != threads:
+                threads = self.torch_threads
+                torch.set_num_threads(threads)
             with timer.stage("batch_wait"):
                 pending = self._collect(pending)
             if not pending:
                 continue
             ids, pending = pending[: self.max_clients], pending[self.max_clients:]
             with self._lock:
-                targets = [self.conns[i] for i in ids]  # the channels these requests came on
+                targets = [self.conns[i] for i in ids]  # (None: removed meanwhile, not answered)  # the channels these requests came on
             idx = torch.tensor(ids)
             with timer.stage("h2d"):
                 if self.pinned is not None:
@@ -146,7 +172,7 @@ class InferenceServer(threading.Thread):
                 self.gpu_busy_s += self._ev[0].elapsed_time(self._ev[1]) / 1000.0
             for i, c in zip(ids, targets):
                 with self._lock:
-                    if self.conns[i] is not c:
+                    if c is None or self.conns[i] is not c:
                         continue  # the actor was restarted meanwhile: its new process asks afresh
                 try:
                     c.send_bytes(b"a")

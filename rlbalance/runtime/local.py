@@ -4,8 +4,11 @@ over their actor set: get a batch of unrolls, train on it, let the session log, 
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
+import os
 
+import psutil
 import torch
 
 from rlbalance.agents import registry
@@ -20,9 +23,11 @@ from rlbalance.runtime.actor import (
     exploration,
 )
 from rlbalance.runtime.actor_pool import ActorPool
+from rlbalance.runtime.balance import Balancer, ProcessCpu
 from rlbalance.runtime.buffers import RolloutBuffers, SharedWeights, StepSlots
 from rlbalance.runtime.inference import InferenceServer
 from rlbalance.runtime.roles import FaultLedger, RunSession, learn
+from rlbalance.telemetry.balance_model import Layout
 
 
 class SerialActors:
@@ -84,9 +89,57 @@ def run_serial(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> None
     learn(session, learner, actors, buffers, nb, publish)
 
 
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def balance_capacity(cfg: Config) -> int:
+    """The most actor processes a self-balancing run may run (run.balance_max_actors; 0: twice the usable cores)."""
+    return max(cfg.actors.num_actors, cfg.run.balance_max_actors or 2 * usable_cores())
+
+
+class LocalKnobs:
+    """What a self-balancing run moves on local actor processes (``balance.Knobs``): the pool's running actors,
+    the learner process's torch threads (the learner loop's and the inference server's), the server's wait."""
+
+    def __init__(self, pool: ActorPool, server: InferenceServer | None, threads: int, wait_ms: float):
+        self.pool, self.server = pool, server
+        self.threads, self.wait_ms = threads, wait_ms
+        self.actor_cpu = ProcessCpu()
+        self.me = psutil.Process()
+
+    def layout(self) -> Layout:
+        return Layout(self.pool.active, self.threads, self.wait_ms)
+
+    def apply(self, to: Layout) -> None:
+        if to.actors != self.pool.active:
+            self.pool.resize(to.actors)
+        if to.threads != self.threads:
+            torch.set_num_threads(to.threads)  # (called from the learner loop: the learner thread's own)
+        self.threads, self.wait_ms = to.threads, to.wait_ms
+        if self.server is not None:
+            self.server.set_layout(max_wait_ms=to.wait_ms, torch_threads=to.threads)
+
+    def settled(self) -> bool:
+        return self.pool.settled()
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        t = self.me.cpu_times()
+        return self.actor_cpu.seconds(), t.user + t.system
+
+    def faults(self) -> int:
+        return self.pool.ledger.restarts
+
+
 def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> None:
-    """Actor processes over shared memory; central inference as a thread beside the learner loop."""
+    """Actor processes over shared memory; central inference as a thread beside the learner loop. With
+    run.balance=auto the shared memory is allocated for the most actors the run may grow to, and a ``Balancer``
+    moves the layout from the learner loop."""
     ctx = mp.get_context("spawn")
+    balance = cfg.run.balance == "auto"
+    active = cfg.actors.num_actors
+    if balance:  # room for every actor the balancer may start
+        cfg = dataclasses.replace(cfg, actors=dataclasses.replace(cfg.actors, num_actors=balance_capacity(cfg)))
     k, t, n_buf = cfg.actors.envs_per_actor, cfg.learner.unroll_length, cfg.num_buffers
     central = cfg.inference.mode == "central"
     core = registry.core_state_size(cfg.learner, spec)
@@ -96,9 +149,17 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> No
         heartbeat=torch.zeros(cfg.actors.num_actors, dtype=torch.float64).share_memory_(),
         slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True, core_size=core) if central else None,
         weights=None if central else SharedWeights.allocate(learner.model))
-    pool = ActorPool(ctx, cfg, sh, lambda i, pid: session.watch_process("actor", pid))
+    knobs: LocalKnobs | None = None
+
+    def started(i: int, pid: int) -> None:
+        session.watch_process("actor", pid)
+        if knobs is not None:
+            knobs.actor_cpu.add(pid)
+
+    pool = ActorPool(ctx, cfg, sh, started, active=active)
     session.attach_actors(pool)
     pool.start_all()
+    server = None
     if sh.slots is not None:
         server = InferenceServer(learner.model, sh.slots, list(pool.parent_conns), learner.device, k,
                                  cfg.inference.max_batch, cfg.inference.max_wait_ms, session.model_lock,
@@ -106,6 +167,16 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> No
                                  exploration(cfg, learner.device))
         pool.serve(server)
         server.start()
+    balancer = None
+    if balance:
+        knobs = LocalKnobs(pool, server, torch.get_num_threads(), cfg.inference.max_wait_ms)
+        for pid in pool.pids():
+            knobs.actor_cpu.add(pid)
+        cores = usable_cores()
+        balancer = Balancer(knobs, cores, cfg.run.balance_window_s, min_gain=cfg.run.balance_min_gain,
+                            max_actors=pool.capacity, max_threads=cores,
+                            knob_names=("actors", "threads", "wait") if central else ("actors", "threads"))
+        session.attach_balancer(balancer)
     weights = sh.weights
     publish = None if weights is None else (lambda: weights.publish(learner.model, learner.updates))
-    learn(session, learner, pool, sh.buffers, cfg.buffers_per_batch, publish)
+    learn(session, learner, pool, sh.buffers, cfg.buffers_per_batch, publish, balancer)

@@ -110,6 +110,8 @@ class RunSession(Protocol):
 
     def note_info(self, key: str, value: Any) -> None: ...
 
+    def attach_balancer(self, balancer: Any) -> None: ...
+
 
 @runtime_checkable
 class ActorSet(Protocol):
@@ -157,15 +159,22 @@ class Learner(Protocol):
     def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]: ...
 
 
+class Balance(Protocol):
+    def step(self, steps: int, waited_s: float) -> None: ...
+
+
 def learn(session: RunSession, learner: Learner, actors: ActorSet, buffers: Buffers, batch_buffers: int,
-          publish: Callable[[], None] | None = None) -> None:
+          publish: Callable[[], None] | None = None, balancer: Balance | None = None) -> None:
     """The learner loop of every runner: take a batch of full buffers, give them back once copied, train,
     publish the weights where actors hold their own copy, check the actors and report, until the session says
-    stop. The actors are stopped, and their last figures reported, however the loop is left."""
+    stop; with run.balance=auto, the balancer measures each update and moves the layout between updates. The
+    actors are stopped, and their last figures reported, however the loop is left."""
     try:
         while not session.done():
+            t0 = time.perf_counter()
             with session.timer.stage("wait_data"):
                 idx = actors.take_full(batch_buffers)
+            waited = time.perf_counter() - t0
             batch = buffers.gather(idx)
             actors.give_back(idx)
             stats = learner.train(batch)
@@ -175,6 +184,8 @@ def learn(session: RunSession, learner: Learner, actors: ActorSet, buffers: Buff
             actors.poll()
             actors.report(session)
             session.after_update(batch, stats)
+            if balancer is not None:
+                balancer.step(learner.steps, waited)
     finally:
         actors.stop()
         actors.report(session, final=True)

@@ -150,6 +150,8 @@ class Session:
         self.rank_shares_all: dict[int, RoleShares] = {}  # ... and over the whole run (for runs shorter than it)
         self.rank_batch_sizes: dict[int, Counter] = {}  # ranks 1..N-1's inference batch sizes
         self.rank_actor_faults: dict[int, dict] = {}  # ranks 1..N-1's actor restarts and lost actor-seconds
+        self.balancer: Any = None  # run.balance=auto: the runner's balance.Balancer (attach_balancer)
+        self._moves_logged = 0  # the balancer's moves already in metrics.jsonl
         self.sampler = None
         if tc.hardware_interval_s > 0:
             self.sampler = HardwareSampler(tc.hardware_interval_s, PowerModel(
@@ -184,6 +186,11 @@ class Session:
     def note_info(self, key: str, value: Any) -> None:
         """A runtime's own facts (a Ray placement, a process group) for telemetry.json and the summary."""
         self.extra_info[key] = value
+
+    def attach_balancer(self, balancer: Any) -> None:
+        """run.balance=auto: the runner's balancer, fed the roles' stage times; its layout goes into every metrics
+        record, each move into the record after it, and what it found into summary.json and balanced.json."""
+        self.balancer = balancer
 
     def attach_ranks(self, ranks: Any, info: dict) -> None:
         """Learner ranks 1..N-1 (ddp_runner.Ranks): stops are agreed with them and their reports merged."""
@@ -250,6 +257,8 @@ class Session:
         self.cumulative_all.add(role, snap)
         if self.warm:
             self.cumulative.add(role, snap)
+        if self.balancer is not None:
+            self.balancer.feed(role, snap)
 
     def after_update(self, batch: dict[str, torch.Tensor], train_stats: dict[str, float]) -> None:
         rets, lens, lag = update_figures(batch, train_stats, self.learner.updates, self.timer, self.gpu_timer)
@@ -303,6 +312,12 @@ class Session:
                 scalars["hw/gpu_power_w"] = s.gpu_power_w
             for i, g in enumerate(s.gpus):
                 scalars[f"hw/gpu{i}_util"] = g["util"]
+        if self.balancer is not None:
+            scalars.update(self.balancer.scalars())
+            new = self.balancer.moves[self._moves_logged:]
+            if new:  # (metrics.jsonl only: TensorBoard takes the numbers above)
+                scalars["balance_moves"] = new
+                self._moves_logged += len(new)
         v = decide(window_shares, self.cfg.inference.mode == "central")
         scalars["verdict"] = v["verdict"]
         self.verdicts.append({"steps": steps, "verdict": v["verdict"]})
@@ -381,6 +396,19 @@ class Session:
         slot = obs + 8 + logits + 8 if self.cfg.inference.mode == "central" else 0
         return 2 * row + obs + slot
 
+    def write_balanced_config(self) -> Path:
+        """balanced.json in the run directory: this run's config at the layout the balancer found, for
+        ``rlbalance train --config`` (a new run directory: run.name is left empty)."""
+        lay = self.balancer.knobs.layout()
+        cfg = self.cfg.to_dict()
+        cfg["actors"]["num_actors"] = lay.actors
+        cfg["learner"]["torch_threads"] = lay.threads
+        cfg["inference"]["max_wait_ms"] = lay.wait_ms
+        cfg["run"]["name"] = ""
+        path = self.run.path / "balanced.json"
+        atomic_write_json(path, cfg)
+        return path
+
     def fail(self, error: BaseException) -> None:
         """Training stopped on an error: close up and write summary.json (outcome 'failed', the error, the last
         good checkpoint) without writing a new checkpoint."""
@@ -436,6 +464,9 @@ class Session:
                if "learner_ranks" in tel else {}),
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        if self.balancer is not None:
+            summary["balance"] = self.balancer.summary()
+            summary["balance"]["config_file"] = str(self.write_balanced_config())
         if summary["node_power_w"]:
             p = summary["node_power_w"]
             summary["fps_per_watt"] = {"value": summary["fps_sustained"] / max(p["value"], 1e-9), "source": p["source"]}
