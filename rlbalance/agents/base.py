@@ -82,6 +82,10 @@ class LearnerBase:
     def annotate_verdict(self, verdict: dict) -> None:
         """Add to the bottleneck verdict's evidence and advice what it means for this agent."""
 
+    def relayout(self, cfg: Any) -> None:
+        """The actors were built (again) for ``cfg``'s layout (a self-balancing run: room for more actors, other envs
+        per actor): what the learner keeps per env follows it."""
+
     def timed_step(self, batch: dict[str, torch.Tensor]) -> None:
         """One gradient step as a run takes it, on ``batch`` (unrolls as the buffers give them) or on what the
         learner holds: what a profile and the learner-ceiling bench time."""

@@ -185,6 +185,28 @@ class ActorPool:
         self.active = n
         self._distribute()
 
+    def drain(self, nb: int):
+        """Retire every actor (each finishes the unrolls it has begun) and yield the full buffers in batches of
+        ``nb``, the last batch smaller where they do not make a whole one: no unroll is lost when the actors are
+        built anew (a run that balances itself, moving the envs per actor). The caller gives each batch back."""
+        for i, p in enumerate(self.procs):
+            if p is not None and i not in self.retiring:
+                self.retiring.add(i)
+                try:
+                    self.ctl[i].send_bytes(RETIRE)
+                except (BrokenPipeError, ConnectionResetError, OSError, AttributeError):
+                    pass
+        self.active = 0
+        while any(p is not None for p in self.procs):
+            self.receive(0.2)
+            self.health()
+            while len(self.full) >= nb:
+                idx, self.full = self.full[:nb], self.full[nb:]
+                yield idx
+        if self.full:
+            idx, self.full = self.full, []
+            yield idx
+
     def settled(self) -> bool:
         """No actor is being retired and every running actor has sent an unroll since it started."""
         return not self.retiring and not self._awaiting and all(

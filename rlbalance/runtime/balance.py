@@ -48,6 +48,9 @@ class Knobs(Protocol):
     def faults(self) -> int:
         """Actor faults so far (a fault invalidates what was measured)."""
 
+    def restart_pending(self) -> bool:
+        """A move that cannot be made live (the envs per actor) waits for the runner to restart the actors."""
+
 
 class ProcessCpu:
     """CPU seconds used by a set of processes, each counted until it ends (its last reading kept), so a window's
@@ -79,10 +82,10 @@ class Balancer:
 
     def __init__(self, knobs: Knobs, cores: int, window_s: float, windows: int = 3, min_gain: float = 0.05,
                  max_actors: int = 8, max_threads: int = 2, knob_names: tuple[str, ...] = ("actors", "threads", "wait"),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, envs: tuple[int, ...] = ()):
         self.knobs, self.cores, self.window_s, self.windows = knobs, cores, window_s, max(2, windows)
         self.min_gain, self.max_actors, self.max_threads, self.knob_names = min_gain, max_actors, max_threads, knob_names
-        self.clock = clock
+        self.clock, self.envs = clock, envs
         self.t0 = clock()
         self.start = knobs.layout()
         self.phase = "settle"  # the first windows are actor start-up, not steady state
@@ -99,7 +102,6 @@ class Balancer:
         self.prediction: Prediction | None = None
         self._faults = knobs.faults()
         self._open(clock())
-        self._actor_wall = self._actor_wait = 0.0
 
     # ------------------------------------------------------------------ inputs
     def feed(self, role: str, snap: dict) -> None:
@@ -107,12 +109,13 @@ class Balancer:
         if role == "actor":
             self._actor_wall += snap["wall_s"]
             self._actor_wait += snap["seconds"].get("wait_buffer", 0.0)
+            self._actor_env += snap["seconds"].get("env_step", 0.0)
 
     def _open(self, now: float) -> None:
         self._w_t, self._w_wait = now, 0.0
         self._w_steps: int | None = None
         self._w_cpu = self.knobs.cpu_seconds()
-        self._actor_wall = self._actor_wait = 0.0
+        self._actor_wall = self._actor_wait = self._actor_env = 0.0
 
     def step(self, steps: int, waited_s: float) -> None:
         """After an update: ``steps`` trained so far, ``waited_s`` the learner spent waiting for this batch."""
@@ -130,7 +133,9 @@ class Balancer:
         w = Window(sps=(steps - self._w_steps) / dt, layout=self.knobs.layout(), cores=self.cores,
                    actor_cpu=(cpu[0] - self._w_cpu[0]) / dt, learner_cpu=(cpu[1] - self._w_cpu[1]) / dt,
                    learner_wait=min(1.0, self._w_wait / dt),
-                   actor_wait=self._actor_wait / self._actor_wall if self._actor_wall > 0 else 0.0)
+                   actor_wait=self._actor_wait / self._actor_wall if self._actor_wall > 0 else 0.0,
+                   actor_env=(min(1.0, self._actor_env / (self._actor_wall - self._actor_wait))
+                              if self._actor_wall - self._actor_wait > 0 else 1.0))
         settled = self.knobs.settled()
         self._open(now)
         self._w_steps = steps
@@ -182,7 +187,7 @@ class Balancer:
         at = w.layout
         base = statistics.fmean(self.base)
         options = [(predict(w, lay, self.measured, self.learner_ceiling), lay)
-                   for lay in neighbours(at, self.max_actors, self.max_threads, self.knob_names)
+                   for lay in neighbours(at, self.max_actors, self.max_threads, self.knob_names, self.envs)
                    if lay not in self.tabu]
         options.sort(key=lambda pl: (-pl[0].sps, pl[1]))
         if not options or options[0][0].sps < base * (1 + self.min_gain):
@@ -228,11 +233,16 @@ class Balancer:
             self.base = []
             self.phase, self.next_phase = "settle", "measure"
 
+    def restart_wanted(self) -> bool:
+        """The move just made needs the actors restarted (the runner drains them, then builds them anew)."""
+        return self.knobs.restart_pending()
+
     # ------------------------------------------------------------------ outputs
     def scalars(self) -> dict[str, float]:
         """The layout and the controller's phase, for every metrics record (TensorBoard: balance/...)."""
         lay = self.knobs.layout()
         out = {"balance/actors": float(lay.actors), "balance/learner_threads": float(lay.threads),
+               "balance/envs_per_actor": float(lay.envs),
                "balance/inference_wait_ms": float(lay.wait_ms), "balance/phase": float(PHASES.index(self.phase)),
                "balance/moves": float(sum(1 for m in self.moves if m.get("event") == "move"))}
         if self.prediction is not None:

@@ -100,27 +100,47 @@ def balance_capacity(cfg: Config) -> int:
 
 class LocalKnobs:
     """What a self-balancing run moves on local actor processes (``balance.Knobs``): the pool's running actors,
-    the learner process's torch threads (the learner loop's and the inference server's), the server's wait."""
+    the learner process's torch threads (the learner loop's and the inference server's), the server's wait, and
+    the envs per actor (a controlled restart: ``restart_pending`` until the runner builds the actors anew)."""
 
-    def __init__(self, pool: ActorPool, server: InferenceServer | None, threads: int, wait_ms: float):
-        self.pool, self.server = pool, server
-        self.threads, self.wait_ms = threads, wait_ms
+    def __init__(self, threads: int, wait_ms: float, envs: int):
+        self.pool: ActorPool | None = None
+        self.server: InferenceServer | None = None
+        self.threads, self.wait_ms, self.envs = threads, wait_ms, envs
+        self.built_envs = envs  # the envs per actor the running actors were built with
         self.actor_cpu = ProcessCpu()
         self.me = psutil.Process()
+        self.restarts = 0  # actor faults of earlier pools (the envs per actor moved)
+        self.next_actors = 1  # the actors to run when the actors are built anew
+
+    def bind(self, pool: ActorPool, server: InferenceServer | None) -> None:
+        """The actors built (again) at ``envs`` per actor."""
+        if self.pool is not None:
+            self.restarts += self.pool.ledger.restarts
+        self.pool, self.server, self.built_envs, self.next_actors = pool, server, self.envs, pool.active
+        for pid in pool.pids():
+            self.actor_cpu.add(pid)
 
     def layout(self) -> Layout:
-        return Layout(self.pool.active, self.threads, self.wait_ms)
+        assert self.pool is not None
+        return Layout(self.pool.active or self.next_actors, self.threads, self.wait_ms, self.envs)
 
     def apply(self, to: Layout) -> None:
-        if to.actors != self.pool.active:
+        assert self.pool is not None
+        if to.actors != self.pool.active and to.envs == self.built_envs:
             self.pool.resize(to.actors)
         if to.threads != self.threads:
             torch.set_num_threads(to.threads)  # (called from the learner loop: the learner thread's own)
-        self.threads, self.wait_ms = to.threads, to.wait_ms
+        self.threads, self.wait_ms, self.envs = to.threads, to.wait_ms, to.envs
+        self.next_actors = to.actors
         if self.server is not None:
             self.server.set_layout(max_wait_ms=to.wait_ms, torch_threads=to.threads)
 
+    def restart_pending(self) -> bool:
+        return self.envs != self.built_envs
+
     def settled(self) -> bool:
+        assert self.pool is not None
         return self.pool.settled()
 
     def cpu_seconds(self) -> tuple[float, float]:
@@ -128,18 +148,50 @@ class LocalKnobs:
         return self.actor_cpu.seconds(), t.user + t.system
 
     def faults(self) -> int:
-        return self.pool.ledger.restarts
+        assert self.pool is not None
+        return self.restarts + self.pool.ledger.restarts
+
+
+def envs_choices(cfg: Config) -> tuple[int, ...]:
+    """Envs per actor a self-balancing run may move to: the divisors of learner.batch_size (each buffer holds K
+    unrolls, a batch whole buffers) up to 64."""
+    b = cfg.learner.batch_size
+    return tuple(k for k in range(1, min(b, 64) + 1) if b % k == 0)
 
 
 def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> None:
     """Actor processes over shared memory; central inference as a thread beside the learner loop. With
-    run.balance=auto the shared memory is allocated for the most actors the run may grow to, and a ``Balancer``
-    moves the layout from the learner loop."""
-    ctx = mp.get_context("spawn")
-    balance = cfg.run.balance == "auto"
+    run.balance=auto the shared memory is allocated for the most actors the run may grow to, a ``Balancer`` moves
+    the layout from the learner loop, and a move of the envs per actor drains the actors and builds them anew."""
+    knobs: LocalKnobs | None = None
+    balancer: Balancer | None = None
+    if cfg.run.balance == "auto":
+        knobs = LocalKnobs(cfg.learner.torch_threads, cfg.inference.max_wait_ms, cfg.actors.envs_per_actor)
     active = cfg.actors.num_actors
-    if balance:  # room for every actor the balancer may start
-        cfg = dataclasses.replace(cfg, actors=dataclasses.replace(cfg.actors, num_actors=balance_capacity(cfg)))
+    while True:
+        if knobs is not None:  # room for every actor the balancer may start, at the envs per actor it chose
+            cfg = dataclasses.replace(cfg, actors=dataclasses.replace(
+                cfg.actors, num_actors=balance_capacity(cfg), envs_per_actor=knobs.envs))
+        pool, server, sh = _start_actors(cfg, spec, learner, session, active, knobs)
+        if knobs is not None and balancer is None:
+            cores = usable_cores()
+            central = server is not None
+            balancer = Balancer(knobs, cores, cfg.run.balance_window_s, min_gain=cfg.run.balance_min_gain,
+                                max_actors=pool.capacity, max_threads=cores, envs=envs_choices(cfg),
+                                knob_names=("actors", "threads", "wait", "envs") if central else
+                                ("actors", "threads", "envs"))
+            session.attach_balancer(balancer)
+        weights = sh.weights
+        publish = None if weights is None else (lambda: weights.publish(learner.model, learner.updates))
+        learn(session, learner, pool, sh.buffers, cfg.buffers_per_batch, publish, balancer)
+        if knobs is None or not knobs.restart_pending() or session.done():
+            return
+        active = knobs.next_actors
+
+
+def _start_actors(cfg: Config, spec: EnvSpec, learner, session: RunSession, active: int,
+                  knobs: LocalKnobs | None) -> tuple[ActorPool, InferenceServer | None, ActorShared]:
+    ctx = mp.get_context("spawn")
     k, t, n_buf = cfg.actors.envs_per_actor, cfg.learner.unroll_length, cfg.num_buffers
     central = cfg.inference.mode == "central"
     core = registry.core_state_size(cfg.learner, spec)
@@ -149,7 +201,8 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> No
         heartbeat=torch.zeros(cfg.actors.num_actors, dtype=torch.float64).share_memory_(),
         slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True, core_size=core) if central else None,
         weights=None if central else SharedWeights.allocate(learner.model))
-    knobs: LocalKnobs | None = None
+    if sh.weights is not None:
+        sh.weights.publish(learner.model, learner.updates)
 
     def started(i: int, pid: int) -> None:
         session.watch_process("actor", pid)
@@ -162,21 +215,12 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> No
     server = None
     if sh.slots is not None:
         server = InferenceServer(learner.model, sh.slots, list(pool.parent_conns), learner.device, k,
-                                 cfg.inference.max_batch, cfg.inference.max_wait_ms, session.model_lock,
-                                 lambda: learner.updates, cfg.run.seed, cfg.telemetry.stage_timers,
-                                 exploration(cfg, learner.device))
+                                 cfg.inference.max_batch, knobs.wait_ms if knobs else cfg.inference.max_wait_ms,
+                                 session.model_lock, lambda: learner.updates, cfg.run.seed,
+                                 cfg.telemetry.stage_timers, exploration(cfg, learner.device))
         pool.serve(server)
         server.start()
-    balancer = None
-    if balance:
-        knobs = LocalKnobs(pool, server, torch.get_num_threads(), cfg.inference.max_wait_ms)
-        for pid in pool.pids():
-            knobs.actor_cpu.add(pid)
-        cores = usable_cores()
-        balancer = Balancer(knobs, cores, cfg.run.balance_window_s, min_gain=cfg.run.balance_min_gain,
-                            max_actors=pool.capacity, max_threads=cores,
-                            knob_names=("actors", "threads", "wait") if central else ("actors", "threads"))
-        session.attach_balancer(balancer)
-    weights = sh.weights
-    publish = None if weights is None else (lambda: weights.publish(learner.model, learner.updates))
-    learn(session, learner, pool, sh.buffers, cfg.buffers_per_batch, publish, balancer)
+    if knobs is not None:
+        knobs.bind(pool, server)
+        learner.relayout(cfg)
+    return pool, server, sh

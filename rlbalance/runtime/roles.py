@@ -12,7 +12,7 @@ take either through ``RunSession`` and set nothing on it from outside.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -159,18 +159,37 @@ class Learner(Protocol):
     def train(self, batch: dict[str, torch.Tensor]) -> dict[str, float]: ...
 
 
+@runtime_checkable
+class Drains(Protocol):
+    """An actor set that can retire all its actors without losing an unroll (local actor processes)."""
+
+    def drain(self, nb: int) -> Iterator[list[int]]: ...
+
+
 class Balance(Protocol):
     def step(self, steps: int, waited_s: float) -> None: ...
+
+    def restart_wanted(self) -> bool: ...
 
 
 def learn(session: RunSession, learner: Learner, actors: ActorSet, buffers: Buffers, batch_buffers: int,
           publish: Callable[[], None] | None = None, balancer: Balance | None = None) -> None:
     """The learner loop of every runner: take a batch of full buffers, give them back once copied, train,
     publish the weights where actors hold their own copy, check the actors and report, until the session says
-    stop; with run.balance=auto, the balancer measures each update and moves the layout between updates. The
-    actors are stopped, and their last figures reported, however the loop is left."""
+    stop; with run.balance=auto, the balancer measures each update and moves the layout between updates (a move
+    that needs the actors built anew ends the loop once they are drained: every unroll they made is trained on).
+    The actors are stopped, and their last figures reported, however the loop is left."""
     try:
         while not session.done():
+            if balancer is not None and balancer.restart_wanted():
+                assert isinstance(actors, Drains), "run.balance moves envs per actor only where actors drain"
+                for idx in actors.drain(batch_buffers):
+                    batch = buffers.gather(idx)
+                    actors.give_back(idx)
+                    session.after_update(batch, learner.train(batch))
+                    if publish is not None:
+                        publish()
+                return
             t0 = time.perf_counter()
             with session.timer.stage("wait_data"):
                 idx = actors.take_full(batch_buffers)

@@ -402,6 +402,7 @@ class Session:
         lay = self.balancer.knobs.layout()
         cfg = self.cfg.to_dict()
         cfg["actors"]["num_actors"] = lay.actors
+        cfg["actors"]["envs_per_actor"] = lay.envs or cfg["actors"]["envs_per_actor"]
         cfg["learner"]["torch_threads"] = lay.threads
         cfg["inference"]["max_wait_ms"] = lay.wait_ms
         cfg["run"]["name"] = ""

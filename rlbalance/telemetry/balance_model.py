@@ -8,7 +8,12 @@ and the share the actors waited for a free buffer (held back by the learner). Fr
 - the actors' ceiling: each actor's rate were it never held back by the learner, ``sps / n / (1 - actor_wait)``,
   times the actors of the layout predicted;
 - the learner's ceiling: ``sps / (1 - learner_wait)``, scaled by the learner threads where they change (a measured
-  factor where the run has measured both thread counts, else a prior that assumes little: threads^0.3);
+  factor where the run has measured both thread counts, else a prior that assumes little: threads^0.3) and by how
+  far the busy actors and the learner threads oversubscribe the cores (shared cores: the learner's threads take
+  turns with the actors, so its ceiling falls as they ask for more than the cores and rises as they ask for less);
+- the envs per actor (K): an actor's time per step is its env stepping plus its share of a request's round trip
+  (over K envs), split by the actors' measured env-step share; the learner process's per-request inference work
+  is taken as half its CPU until measured;
 - the CPU's ceiling where actors and learner share the cores: the run's cores over the CPU-seconds a step costs
   (actors' and learner's); a layout that leaves the costs per step alone cannot pass it.
 
@@ -33,6 +38,7 @@ class Layout:
     actors: int  # actor processes (actors.num_actors)
     threads: int  # learner.torch_threads: the learner process's (learner and inference server threads)
     wait_ms: float  # inference.max_wait_ms: how long the server waits for a fuller batch
+    envs: int = 0  # actors.envs_per_actor (K; 0: not moved)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -41,7 +47,9 @@ class Layout:
         return [k for k, v in asdict(self).items() if asdict(other)[k] != v]
 
     def describe(self) -> str:
-        return f"{self.actors} actors, {self.threads} learner threads, inference wait {self.wait_ms:g} ms"
+        envs = f" of {self.envs} envs" if self.envs else ""
+        return (f"{self.actors} actor{'s' if self.actors != 1 else ''}{envs}, {self.threads} learner "
+                f"thread{'s' if self.threads != 1 else ''}, inference wait {self.wait_ms:g} ms")
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class Window:
     learner_cpu: float  # cores the learner process used (learner and inference threads)
     learner_wait: float  # share of the learner's time spent waiting for data
     actor_wait: float  # share of the actors' time spent waiting for a free buffer
+    actor_env: float = 1.0  # share of the actors' working time (not waiting for a buffer) spent stepping envs
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,13 @@ def thread_factor(frm: int, to: int, measured: dict[int, float] | None = None) -
     if measured and frm in measured and to in measured and measured[frm] > 0:
         return measured[to] / measured[frm]
     return (to / frm) ** THREADS_PRIOR
+
+
+def oversubscribed(w: Window, lay: Layout) -> float:
+    """How many times over the cores the busy actors (as busy as in ``w``) and the learner threads of ``lay`` ask
+    for them (1: they fit)."""
+    busy_actors = lay.actors * (1.0 - w.actor_wait)
+    return max(1.0, (busy_actors + lay.threads) / max(w.cores, 1))
 
 
 def ceilings(w: Window) -> dict[str, float]:
@@ -89,20 +105,40 @@ def predict(w: Window, to: Layout, measured: dict[Layout, float] | None = None,
     c = ceilings(w)
     n0, n1 = w.layout.actors, to.actors
     actors = c["actors"] * n1 / n0
-    learner = c["learner"] * thread_factor(w.layout.threads, to.threads, learner_ceiling)
+    # the learner's threads take turns with the busy actors where together they want more than the cores: its
+    # ceiling measured at one oversubscription moves with the other's
+    learner = (c["learner"] * thread_factor(w.layout.threads, to.threads, learner_ceiling)
+               * oversubscribed(w, w.layout) / oversubscribed(w, to))
+    cpu = c["cpu"]
+    k0, k1 = w.layout.envs, to.envs
+    if k0 and k1 and k0 != k1:
+        # K envs per request: an actor's time per step is its env stepping (per env) plus its share of the request's
+        # round trip (per request, over K envs); the learner process's CPU per step is its training (per step) plus
+        # the inference server's per-request work, taken as half of it until the run measures it
+        per = (k0 / k1)
+        actors *= 1.0 / (w.actor_env + (1.0 - w.actor_env) * per)
+        learner *= 1.0 / (0.5 + 0.5 * per)
+        a_cpu = w.actor_cpu * (w.actor_env + (1.0 - w.actor_env) * per)
+        cpu = w.cores / max((a_cpu + w.learner_cpu * (0.5 + 0.5 * per)) / max(w.sps, 1e-9), 1e-12)
     # more actor processes than cores: they take turns, and the CPU ceiling bounds them with everything else
-    least = min((("actors", actors), ("learner", learner), ("cpu", c["cpu"])), key=lambda kv: kv[1])
+    least = min((("actors", actors), ("learner", learner), ("cpu", cpu)), key=lambda kv: kv[1])
     why = (f"actors {actors:,.0f} ({n1} x {c['actors'] / n0:,.0f}/actor, held back {w.actor_wait:.0%}), "
            f"learner {learner:,.0f} (waits {w.learner_wait:.0%} at {w.layout.threads} threads), "
-           f"CPU {c['cpu']:,.0f} ({w.cores} cores, {(w.actor_cpu + w.learner_cpu) / max(w.sps, 1e-9) * 1e6:,.0f} "
-           f"core-us/step)")
+           f"CPU {cpu:,.0f} ({w.cores} cores, {(w.actor_cpu + w.learner_cpu) / max(w.sps, 1e-9) * 1e6:,.0f} "
+           f"core-us/step measured)")
     return Prediction(least[1], least[0], why)
 
 
-def neighbours(at: Layout, max_actors: int, max_threads: int, knobs: tuple[str, ...]) -> list[Layout]:
+def neighbours(at: Layout, max_actors: int, max_threads: int, knobs: tuple[str, ...],
+               envs: tuple[int, ...] = ()) -> list[Layout]:
     """The layouts one move away: an actor more or fewer (twice or half as many too, from far off), a learner
-    thread more or fewer, the inference wait off or on (1 ms)."""
+    thread more or fewer, the inference wait off or on (1 ms), the envs per actor doubled or halved (within
+    ``envs``, the counts the learner's batch allows)."""
     out: list[Layout] = []
+    if "envs" in knobs and at.envs:
+        for k in (at.envs * 2, at.envs // 2):
+            if k in envs:
+                out.append(replace(at, envs=k))
     if "actors" in knobs:
         for n in {at.actors + 1, at.actors - 1, at.actors * 2, at.actors // 2}:
             if 1 <= n <= max_actors and n != at.actors:

@@ -424,7 +424,7 @@ def test_r2d2_with_central_inference_keeps_the_asked_replay_ratio_and_reports_th
 def test_the_least_exploring_envs_returns_are_reported_apart(cfg_factory):
     """The envs whose ladder epsilon is at most 0.01 have their own last-100 return: the reported return mixes in
     envs acting at random up to 40% of the time. Each batch column is an env of a known client, so its rate is known."""
-    from rlbalance.agents.r2d2 import GREEDY_EPSILON, R2D2Agent, epsilon_ladder
+    from rlbalance.agents.r2d2 import GREEDY_EPSILON, R2D2Agent, env_epsilons, epsilon_ladder
     from rlbalance.agents.registry import build_model
     from rlbalance.envs.batch import probe_spec
 
@@ -433,14 +433,17 @@ def test_the_least_exploring_envs_returns_are_reported_apart(cfg_factory):
     agent = R2D2Agent(build_model(cfg.learner, spec), cfg, torch.device("cpu"), spec.obs_shape, spec.obs_dtype)
     k, n = cfg.actors.envs_per_actor, cfg.num_clients
     eps = epsilon_ladder(n * k)
+    table = env_epsilons(cfg)  # [clients, K]: the ladder dealt out across the groups, each spanning it
+    assert sorted(table.reshape(-1).tolist()) == sorted(eps.tolist())
+    assert all(row.max() == eps[c] for c, row in enumerate(table))  # group c starts at the ladder's c-th rate
     t = cfg.learner.unroll_length
     clients = torch.tensor([n - 1, 0])  # two buffers, the greediest client's first
     end = torch.zeros(t + 1, 2 * k, dtype=torch.bool)
     end[3, :] = True  # every env ends an episode at row 3; their returns are their rates
     ret = torch.zeros(t + 1, 2 * k)
-    ret[3, :k], ret[3, k:] = torch.as_tensor(eps[(n - 1) * k:]), torch.as_tensor(eps[:k])
+    ret[3, :k], ret[3, k:] = torch.as_tensor(table[n - 1]), torch.as_tensor(table[0])
     agent._note_greedy_episodes({"ep_end": end, "ep_return": ret, "ep_length": torch.ones(t + 1, 2 * k), "client": clients})
-    low = np.concatenate([eps[(n - 1) * k:], eps[:k]])
+    low = np.concatenate([table[n - 1], table[0]])
     low = low[low <= GREEDY_EPSILON]
     assert 0 < len(low) < 2 * k and agent.greedy_episodes.count == len(low)
     assert agent.greedy_episodes.mean_return() == pytest.approx(low.mean())

@@ -80,7 +80,7 @@ def make(plant, start, **kw):
 
 
 def test_from_one_actor_it_adds_actors_to_the_best_layout_and_holds_it():
-    plant = Plant(per_actor=3000.0)  # actor-bound at 1..3 actors, learner-bound (11,000) from 4
+    plant = Plant(cores=8, per_actor=3000.0)  # actor-bound at 1..3 actors, learner-bound (11,000) from 4
     bal = make(plant, Layout(1, 1, 0.0))
     plant.run(bal, 600)
     best = max((Layout(n, h, w) for n in range(1, 9) for h in (1, 2) for w in (0.0, 1.0)), key=plant.true_sps)
@@ -93,13 +93,13 @@ def test_from_one_actor_it_adds_actors_to_the_best_layout_and_holds_it():
     for m in (m for m in bal.moves if m.get("event") == "move"):
         assert m["moved"] and m["predicted_sps"] > 0 and m["why"] and m["outcome"] in ("kept", "undone")
     s = bal.summary()
-    assert s["start"] == {"actors": 1, "threads": 1, "wait_ms": 0.0} and s["final"] == final.to_dict()
+    assert s["start"] == {"actors": 1, "threads": 1, "wait_ms": 0.0, "envs": 0} and s["final"] == final.to_dict()
     assert s["gain"] > 1.0  # 1 actor at 3,000 against the learner's 11,000
     json.dumps(s, allow_nan=False)  # strict JSON
 
 
 def test_a_move_that_measures_worse_is_undone_and_not_tried_again():
-    plant = Plant(per_actor=20000.0, thread_gain=0.6)  # learner-bound: a second learner thread costs 40%
+    plant = Plant(cores=8, per_actor=20000.0, thread_gain=0.6)  # learner-bound: a second learner thread costs 40%
     bal = make(plant, Layout(2, 1, 0.0), knob_names=("threads",))
     plant.run(bal, 400)
     undone = [m for m in bal.moves if m.get("outcome") == "undone"]
@@ -117,7 +117,7 @@ def test_a_gain_inside_the_noise_is_not_kept():
 
 
 def test_it_rechecks_when_the_workload_drifts_or_an_actor_fails():
-    plant = Plant(per_actor=3000.0)
+    plant = Plant(cores=8, per_actor=3000.0)
     bal = make(plant, Layout(4, 1, 0.0))
     plant.run(bal, 200)
     assert bal.phase == "hold"
@@ -132,7 +132,7 @@ def test_it_rechecks_when_the_workload_drifts_or_an_actor_fails():
 
 
 def test_the_model_names_its_bound_and_uses_what_it_measured():
-    w = Window(sps=6000.0, layout=Layout(2, 1, 0.0), cores=2, actor_cpu=0.5, learner_cpu=0.3, learner_wait=0.5,
+    w = Window(sps=6000.0, layout=Layout(2, 1, 0.0), cores=4, actor_cpu=0.5, learner_cpu=0.3, learner_wait=0.5,
                actor_wait=0.0)
     more = predict(w, Layout(3, 1, 0.0))
     assert more.bound == "actors" and more.sps == pytest.approx(9000.0)  # 3 x 3,000, under the learner's 12,000
@@ -228,7 +228,7 @@ def test_an_auto_run_records_its_moves_and_leaves_a_config_the_next_run_takes(cf
                                "total_steps": 10_000_000, "name": "auto"},
                           actors={"num_actors": 1, "envs_per_actor": 4}))
     b = s["balance"]
-    assert b["start"]["actors"] == 1 and set(b["final"]) == {"actors", "threads", "wait_ms"}
+    assert b["start"]["actors"] == 1 and set(b["final"]) == {"actors", "threads", "wait_ms", "envs"}
     assert s["actor_restarts"] == 0  # moving actors is not a fault
     moves = [m for m in b["moves"] if m.get("event") == "move"]
     assert moves, b["moves"]  # 25 s of 1 s windows: at least one move measured
@@ -242,3 +242,61 @@ def test_an_auto_run_records_its_moves_and_leaves_a_config_the_next_run_takes(cf
     cfg = C.build(found)
     assert cfg.actors.num_actors == b["final"]["actors"] and cfg.learner.torch_threads == b["final"]["threads"]
     assert cfg.run.name == "" and cfg.env.id == "CartPole-v1"
+
+
+class ScriptedBalancer:
+    """Moves the layout on a script (update number -> layout change), to test the runner's moves themselves."""
+
+    script = {}
+
+    def __init__(self, knobs, cores, window_s, **kw):
+        self.knobs, self.updates, self.moves, self.seen = knobs, 0, [], []
+
+    def feed(self, role, snap):
+        pass
+
+    def step(self, steps, waited_s):
+        self.updates += 1
+        self.seen.append((self.updates, self.knobs.layout(), self.knobs.pool.cfg.actors.envs_per_actor))
+        change = self.script.get(self.updates)
+        if change:
+            import dataclasses
+
+            self.knobs.apply(dataclasses.replace(self.knobs.layout(), **change))
+
+    def restart_wanted(self):
+        return self.knobs.restart_pending()
+
+    def scalars(self):
+        return {}
+
+    def summary(self):
+        return {"seen": [(u, lay.to_dict(), k) for u, lay, k in self.seen]}
+
+
+@pytest.mark.parametrize("agent", ["vtrace", "r2d2"])
+def test_the_runner_moves_actors_and_envs_per_actor_live_without_losing_an_unroll(cfg_factory, monkeypatch, agent):
+    """Envs per actor 4 -> 8 (the actors drained and built anew), an actor more, back to 4: the run goes on, every
+    unroll made is trained on, and for R2D2 the replayed Q still equals the Q the actions were chosen by."""
+    from rlbalance.runtime import local
+    from rlbalance.runtime.train import train
+
+    ScriptedBalancer.script = {5: {"envs": 8}, 12: {"actors": 2}, 20: {"envs": 4}}
+    monkeypatch.setattr(local, "Balancer", ScriptedBalancer)
+    extra = {"learner": {"agent": "r2d2", "learning_rate": 1e-12}} if agent == "r2d2" else {}
+    s = train(cfg_factory(**C.merge({"run": {"balance": "auto", "total_steps": 30_000, "name": f"scripted-{agent}"},
+                                     "actors": {"num_actors": 1, "envs_per_actor": 4},
+                                     "learner": {"batch_size": 16},
+                                     "telemetry": {"tensorboard": False, "report": False}}, extra)))
+    assert s["outcome"] == "completed" and s["steps"] >= 30_000 and s["actor_restarts"] == 0
+    seen = s["balance"]["seen"]
+    by_update = {u: (lay, k) for u, lay, k in seen}
+    assert by_update[4][1] == 4 and by_update[6][1] == 8  # built anew at 8 envs per actor
+    assert by_update[6][0]["envs"] == 8 and by_update[13][0]["actors"] == 2
+    assert seen[-1][2] == 4 and seen[-1][1]["actors"] == 2  # back at 4, with two actors
+    found = C.read_file(s["balance"].get("config_file") or f"{s['run_dir']}/balanced.json")
+    assert found["actors"]["envs_per_actor"] == 4 and found["actors"]["num_actors"] == 2
+    if agent == "r2d2":
+        recs = [json.loads(line) for line in open(f"{s['run_dir']}/metrics.jsonl")]
+        gaps = [r["loss/q_gap"] for r in recs if "loss/q_gap" in r]
+        assert gaps and max(gaps) < 1e-4, gaps

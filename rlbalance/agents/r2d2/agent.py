@@ -71,6 +71,9 @@ class R2D2Agent(LearnerBase):
         self.env_epsilon = env_epsilons(cfg.rank_config(dist_rank()) if self.world > 1 else cfg)
         self.greedy_episodes = EpisodeStats()
 
+    def relayout(self, cfg) -> None:
+        self.env_epsilon = env_epsilons(cfg)
+
     @property
     def updates(self) -> int:  # type: ignore[override]  # (LearnerBase declares the attribute others assign)
         return self.algo.updates

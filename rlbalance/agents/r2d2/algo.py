@@ -73,10 +73,13 @@ def initial_priorities(seqs: dict[str, np.ndarray], burn_in: int, n_step: int, d
 
 
 def env_epsilons(cfg) -> np.ndarray:
-    """Each env's exploration rate [clients, K]: the ladder over all the envs of ``cfg``, in client order (a learner
-    rank's config where there are several learner processes: each rank's actors span the whole ladder)."""
+    """Each env's exploration rate [clients, K]: the ladder over all the envs of ``cfg`` (a learner rank's config
+    where there are several learner processes: each rank's actors span the whole ladder), dealt out across the env
+    groups like cards, so that every group's K envs span the ladder and any number of running actors does too (a
+    self-balancing run allocates for more actors than it runs)."""
     k = cfg.actors.envs_per_actor
-    return epsilon_ladder(cfg.num_clients * k, cfg.r2d2.epsilon_base, cfg.r2d2.epsilon_alpha).reshape(-1, k)
+    ladder = epsilon_ladder(cfg.num_clients * k, cfg.r2d2.epsilon_base, cfg.r2d2.epsilon_alpha)
+    return np.ascontiguousarray(ladder.reshape(k, -1).T)
 
 
 def epsilon_ladder(n: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
