@@ -31,7 +31,7 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=["trainer", "pong-curve", "atari", "atari-peer", "mujoco-curve", "telemetry-overhead", "sweep", "soak",
-                                         "chaos", "planner", "ray", "seeds", "memory"],
+                                         "chaos", "planner", "ray", "seeds", "memory", "balance"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="", help="trainer: comma-separated workloads (default cartpole,pong; "
@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=0, help="telemetry-overhead: runs each way (default 4); planner: "
                    "runs per sweep point (default 1)")
     p.add_argument("--minutes", type=float, default=30.0, help="soak, chaos: minutes of training")
+    p.add_argument("--auto-seconds", type=float, default=150.0, help="balance: seconds of each run.balance=auto run "
+                   "(its second half is measured); --seconds: of each static point (default 30), --repeats: runs a "
+                   "static point (default 1), --workloads: cartpole (default), synthetic or pong")
     p.add_argument("--path", choices=["local", "ray", "ddp"], default="local",
                    help="chaos: the runtime path (local actor processes; Ray actors on a two-node cluster on "
                    "127.0.0.1, a worker node killed too; two learner processes, one killed)")
@@ -103,6 +106,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"planner: median {r['median_abs_error']:.1%}, worst {r['worst_abs_error']:.1%} over {r['points']} points "
               f"of {r['workloads']} workloads (targets {'met' if r['met'] else 'NOT met'}); wrote "
               f"{out / 'planner' / 'planner-validation.md'}")
+        return 0
+    if args.name == "balance":
+        from rlbalance.bench.balance import WORKLOADS, run_balance_bench
+
+        workload = (args.workloads or "cartpole").split(",")[0]
+        if workload not in WORKLOADS:
+            raise SystemExit(f"--workloads {workload!r}: bench balance runs one of {sorted(WORKLOADS)}")
+        extra = C.parse_set(args.set)
+        C.build(extra)
+        r = run_balance_bench(out, workload, args.auto_seconds, args.seconds or 30.0, args.repeats or 1, extra=extra)
+        worst = min(a["of_best_static"] for a in r["auto"])
+        print(f"balance {workload}: worst auto run at {worst:.0%} of the best static layout; wrote "
+              f"{out / 'balance' / f'balance-{workload}.md'}")
         return 0
     if args.name == "soak":
         from rlbalance.bench.soak import run_soak

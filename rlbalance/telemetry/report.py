@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rlbalance.core.jsonio import open_nofollow
 from rlbalance.core.thinned import Thinned
+from rlbalance.telemetry.balance_report import balance_figure, balance_rows
 from rlbalance.telemetry.metrics import with_gaps
 from rlbalance.telemetry.verdict import VERDICTS, advise
 
@@ -141,6 +142,9 @@ def _plots(d: dict) -> list[tuple[str, str]]:
     plots.append(("Throughput and return", _png(fig)))
     if m:
         plots.append(("Learning", _png(_learning_figure(m, frames, plt))))
+    fig = balance_figure(m, (d["summary"].get("balance") or {}).get("moves", []), plt)
+    if fig is not None:
+        plots.append(("Self-balancing: throughput and layout", _png(fig)))
 
     node_keys = sorted({k for r in m for k in r if k.startswith("ray/node") and k.endswith("_cpu_util")})
     if node_keys:  # Ray actors: each node's CPU utilisation, as its actors report it
@@ -337,6 +341,7 @@ def write_report(run: str | Path) -> Path:
         rows.append((f"evaluation ({e['policy']} policy, checkpoint at {e['checkpoint_steps']:,} steps)",
                      f"return {e['return_mean']:.1f} +- {e['return_std']:.1f} over {e['episodes']} games "
                      f"(min {e['return_min']:.1f}, max {e['return_max']:.1f}): rlbalance eval"))
+    rows += balance_rows(s.get("balance"))
     for ev in s.get("actor_faults", []):
         rows.append((f"actor {ev['actor']} fault at {ev['at']}", ev["reason"]))
     for key, val in tel.get("latency_ms", {}).items():
