@@ -226,7 +226,7 @@ def test_an_auto_run_records_its_moves_and_leaves_a_config_the_next_run_takes(cf
 
     s = train(cfg_factory(run={"balance": "auto", "balance_window_s": 1.0, "max_seconds": 25,
                                "total_steps": 10_000_000, "name": "auto"},
-                          actors={"num_actors": 1, "envs_per_actor": 4}))
+                          actors={"num_actors": 1, "envs_per_actor": 1}))  # one env per request: far from best
     b = s["balance"]
     assert b["start"]["actors"] == 1 and set(b["final"]) == {"actors", "threads", "wait_ms", "envs"}
     assert s["actor_restarts"] == 0  # moving actors is not a fault
