@@ -163,7 +163,7 @@ class RankSession:
         pass  # (run.balance=auto runs one learner: refused with learner.devices > 1 until ranks balance)
 
     def after_update(self, batch: dict, stats: dict) -> None:
-        from rlbalance.runtime.session import update_figures
+        from rlbalance.runtime.role_figures import update_figures
 
         if self.first_t is None:
             self.first_t = time.perf_counter()

@@ -231,7 +231,7 @@ def test_torchrun_launches_the_learner_ranks(tmp_path):
 
 
 def test_a_straggling_rank_is_named():
-    from rlbalance.runtime.session import straggling_rank
+    from rlbalance.runtime.role_figures import straggling_rank
 
     def rank(wait):
         return {"stage_shares": {"learner": {"wait_data": wait}}}

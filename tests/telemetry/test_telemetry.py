@@ -287,7 +287,7 @@ def test_a_run_shorter_than_one_actor_report_still_has_every_roles_stage_shares(
 
 
 def test_role_shares_with_roles_copies_without_sharing_counters():
-    from rlbalance.runtime.session import RoleShares
+    from rlbalance.runtime.role_figures import RoleShares
 
     warm, whole = RoleShares(), RoleShares()
     whole.add("actor", {"wall_s": 2.0, "seconds": {"env_step": 1.0}, "count": {"env_step": 10}})
