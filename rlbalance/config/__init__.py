@@ -3,6 +3,7 @@ defaults < preset < config file < command line (``build``, ``load``), and the pr
 
 The names below are the package's interface (``from rlbalance import config as C; C.build(...)``)."""
 
+from rlbalance.config.ray_section import RAY_PLACEMENTS, RayConfig
 from rlbalance.config.schema import (
                                      SECTIONS,
                                      Config,
@@ -24,14 +25,12 @@ from rlbalance.config.sections import (
                                      INFERENCE_MODES,
                                      MODELS,
                                      MODES,
-                                     RAY_PLACEMENTS,
                                      WANDB_MODES,
                                      ActorsConfig,
                                      EnvConfig,
                                      InferenceConfig,
                                      LearnerConfig,
                                      R2D2Config,
-                                     RayConfig,
                                      RunConfig,
                                      TelemetryConfig,
 )

@@ -27,13 +27,13 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
+from rlbalance.config.ray_section import RayConfig
 from rlbalance.config.sections import (
     ActorsConfig,
     EnvConfig,
     InferenceConfig,
     LearnerConfig,
     R2D2Config,
-    RayConfig,
     RunConfig,
     TelemetryConfig,
     _require,
