@@ -31,7 +31,8 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=["trainer", "pong-curve", "atari", "atari-peer", "mujoco-curve", "telemetry-overhead", "sweep", "soak",
-                                         "chaos", "planner", "ray", "seeds", "memory", "balance"],
+                                         "chaos", "planner", "ray", "seeds", "memory", "balance",
+                                         "balance-sim"],
                    help="which benchmark")
     p.add_argument("--out", default="bench/results", help="results folder")
     p.add_argument("--workloads", default="", help="trainer: comma-separated workloads (default cartpole,pong; "
@@ -119,6 +120,16 @@ def run(args: argparse.Namespace) -> int:
         worst = min(a["of_best_static"] for a in r["auto"])
         print(f"balance {workload}: worst auto run at {worst:.0%} of the best static layout; wrote "
               f"{out / 'balance' / f'balance-{workload}.md'}")
+        return 0
+    if args.name == "balance-sim":
+        from rlbalance.bench.balance_sim import run_balance_sim
+
+        cals = [Path(f"bench/results/planner/calibration-{w}.json") for w in (args.workloads or "pong,cartpole").split(",")]
+        missing = [str(c) for c in cals if not c.is_file()]
+        if missing:
+            raise SystemExit(f"--workloads: no calibration {', '.join(missing)} (bench/results/planner/ has them)")
+        run_balance_sim(out, cals, seeds=args.seeds or 3)
+        print(f"wrote {out / 'balance' / 'simulation.md'}")
         return 0
     if args.name == "soak":
         from rlbalance.bench.soak import run_soak

@@ -131,7 +131,8 @@ def predict(w: Window, to: Layout, measured: dict[Layout, float] | None = None,
 
 def neighbours(at: Layout, max_actors: int, max_threads: int, knobs: tuple[str, ...],
                envs: tuple[int, ...] = ()) -> list[Layout]:
-    """The layouts one move away: an actor more or fewer (twice or half as many too, from far off), a learner
+    """The layouts one move away: an actor more or fewer (twice, one and a half times or half as many too, and as
+    many as allowed where twice would pass it, from far off), a learner
     thread more or fewer, the inference wait off or on (1 ms), the envs per actor doubled or halved (within
     ``envs``, the counts the learner's batch allows)."""
     out: list[Layout] = []
@@ -140,7 +141,8 @@ def neighbours(at: Layout, max_actors: int, max_threads: int, knobs: tuple[str, 
             if k in envs:
                 out.append(replace(at, envs=k))
     if "actors" in knobs:
-        for n in {at.actors + 1, at.actors - 1, at.actors * 2, at.actors // 2}:
+        for n in {at.actors + 1, at.actors - 1, at.actors * 2, at.actors // 2, round(at.actors * 1.5),
+                  min(max_actors, at.actors * 2)}:
             if 1 <= n <= max_actors and n != at.actors:
                 out.append(replace(at, actors=n))
     if "threads" in knobs:

@@ -300,3 +300,24 @@ def test_the_runner_moves_actors_and_envs_per_actor_live_without_losing_an_unrol
         recs = [json.loads(line) for line in open(f"{s['run_dir']}/metrics.jsonl")]
         gaps = [r["loss/q_gap"] for r in recs if "loss/q_gap" in r]
         assert gaps and max(gaps) < 1e-4, gaps
+
+
+def test_on_the_planners_model_of_other_machines_it_settles_at_the_best_actor_count():
+    """The controller against the planner's model of catalog machines (Pong's committed calibration, +-10% noise):
+    from one actor it reaches the modeled best on a small cloud machine and on an 8-GPU DGX."""
+    from pathlib import Path
+
+    from rlbalance.analysis.catalog import load_catalog
+    from rlbalance.bench.balance_sim import simulate
+
+    cal = json.loads((Path(__file__).parents[2] / "bench/results/planner/calibration-pong.json").read_text())
+    machines = load_catalog()
+    for name in ("aws-g5.xlarge", "dgx-1"):
+        r = simulate(cal, machines[name], noise=0.1, seed=1, minutes=10)
+        assert r["of_best"] >= 0.95, r
+        assert r["phase"] == "hold" and r["settle_windows"] <= 60, r
+
+
+def test_from_far_off_a_move_may_reach_the_most_actors_allowed():
+    assert Layout(80, 1, 0.0) in neighbours(Layout(64, 1, 0.0), 80, 1, ("actors",))
+    assert Layout(96, 1, 0.0) in neighbours(Layout(64, 1, 0.0), 200, 1, ("actors",))
