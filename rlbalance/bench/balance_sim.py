@@ -34,6 +34,7 @@ class SimulatedRun:
         self.cal, self.m, self.noise = cal, m, noise
         self.rng = random.Random(seed)
         self.lay = Layout(1, 1, 0.0)
+        self.start_actors = 1
         self.t = 0.0
         self.steps = 0.0
         self.cpu = [0.0, 0.0]
@@ -78,6 +79,27 @@ class SimulatedRun:
             bal.step(int(self.steps), wait * UPDATE_S)
 
 
+def ga3c(sim: SimulatedRun, most: int, minutes: float, best_fps: float, period_s: float = 20.0) -> dict:
+    """GA3C's method as the anchor to beat (its ThreadDynamicAdjustment): every ``period_s`` seconds move the actor
+    count by +-1 at random, and move back if the throughput measured over the period fell. Returns where it ended
+    and the first period at which the count it held was within 5% of the best (in windows of WINDOW_S)."""
+    rng = random.Random(sim.rng.random())
+    t, n, prev, reached = 0.0, 1, None, None
+    while t < minutes * 60:
+        fps = sim.model(n)["fps"] * (1 + sim.rng.uniform(-sim.noise, sim.noise))
+        if reached is None and sim.model(n)["fps"] >= 0.95 * best_fps:
+            reached = t
+        if prev is not None and fps < prev[1]:
+            n = prev[0]  # it fell: back
+            prev = None
+        else:
+            step = rng.choice((-1, 1))
+            prev, n = (n, fps), min(most, max(1, n + step))
+        t += period_s
+    return {"ga3c_actors": n, "ga3c_of_best": sim.model(n)["fps"] / best_fps,
+            "ga3c_windows_to_95": None if reached is None else round(reached / WINDOW_S)}
+
+
 def simulate(cal: dict, m, noise: float = 0.1, seed: int = 0, minutes: float = 20.0) -> dict:
     sim = SimulatedRun(cal, m, noise, seed)
     most = max(1, m.threads - (1 if m.gpus else int(cal.get("torch_threads", 1))))  # plan's range: the learner's kept
@@ -91,12 +113,16 @@ def simulate(cal: dict, m, noise: float = 0.1, seed: int = 0, minutes: float = 2
     got = sim.model(sim.lay.actors)
     kept = [mv for mv in bal.moves if mv.get("outcome") == "kept"]
     settle_t = kept[-1]["judged_t"] if kept else 0.0
+    first_95 = next((mv["judged_t"] for mv in kept if sim.model(mv["to"]["actors"])["fps"] >= 0.95 * best["fps"]),
+                    0.0 if sim.model(sim.start_actors)["fps"] >= 0.95 * best["fps"] else None)
+    anchor = ga3c(SimulatedRun(cal, m, noise, seed + 10_000), most, minutes, best["fps"])
     return {"machine": m.name, "threads": m.threads, "gpus": m.gpus, "devices": devices,
             "settled_actors": sim.lay.actors, "settled_fps": got["fps"], "phase": bal.phase,
             "knee_actors": knee["actor_threads"], "knee_fps": knee["fps"], "best_fps": best["fps"],
             "best_actors": best["actor_threads"], "most_actors": most,
             "of_best": got["fps"] / best["fps"], "settle_windows": round(settle_t / WINDOW_S),
-            "moves": sum(1 for mv in bal.moves if mv.get("event") == "move"), "kept": len(kept)}
+            "moves": sum(1 for mv in bal.moves if mv.get("event") == "move"), "kept": len(kept),
+            "windows_to_95": None if first_95 is None else round(first_95 / WINDOW_S), **anchor}
 
 
 def run_balance_sim(out: Path, calibrations: list[Path], noise: float = 0.1, seeds: int = 3,
@@ -121,20 +147,30 @@ def run_balance_sim(out: Path, calibrations: list[Path], noise: float = 0.1, see
     return res
 
 
+def _most(values) -> str:
+    vals = list(values)
+    return "never" if any(v is None for v in vals) else str(max(vals))
+
+
 def _table(res: dict) -> str:
     lines = ["# run.balance=auto past this machine, by simulation", "",
              f"The controller against the planner's model of each catalog machine (calibrations: "
              f"{', '.join(res['calibrations'])}), throughput noise +-{res['noise']:.0%} per update, "
              f"{res['window_s']:g} s windows, {res['minutes']:g} simulated minutes from one actor, {res['seeds']} "
              "seeds; it moves the actor threads. 'of best': the settled layout's modeled FPS over the best layout's; "
-             "'knee': the actor threads `rlbalance plan` names (the fewest within its knee tolerance of the best).",
+             "'knee': the actor threads `rlbalance plan` names (the fewest within its knee tolerance of the best). "
+             "GA3C: its method on the same model and noise, a +-1 move every 20 s (4 windows), undone if the "
+             "throughput fell; 'never': a seed that did not reach 95% of the best in the simulated minutes.",
              "", "| workload | machine | threads | GPUs | settled actor threads (seeds) | plan's knee | of best (worst) "
-             "| windows to settle (most) |", "|---|---|---:|---:|---|---:|---:|---:|"]
+             "| windows to settle (most) | windows to 95% of best (most) | GA3C +-1: of best (worst) | GA3C: windows to "
+             "95% (most) |", "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     groups: dict[tuple, list] = {}
     for r in res["rows"]:
         groups.setdefault((r["workload"], r["machine"]), []).append(r)
     for (w, m), rs in groups.items():
         lines.append(f"| {w} | {m} | {rs[0]['threads']} | {rs[0]['gpus']} | "
                      f"{', '.join(str(r['settled_actors']) for r in rs)} | {rs[0]['knee_actors']} | "
-                     f"{min(r['of_best'] for r in rs):.0%} | {max(r['settle_windows'] for r in rs)} |")
+                     f"{min(r['of_best'] for r in rs):.0%} | {max(r['settle_windows'] for r in rs)} | "
+                     f"{_most(r['windows_to_95'] for r in rs)} | {min(r['ga3c_of_best'] for r in rs):.0%} | "
+                     f"{_most(r['ga3c_windows_to_95'] for r in rs)} |")
     return "\n".join(lines) + "\n"

@@ -316,6 +316,8 @@ def test_on_the_planners_model_of_other_machines_it_settles_at_the_best_actor_co
         r = simulate(cal, machines[name], noise=0.1, seed=1, minutes=10)
         assert r["of_best"] >= 0.95, r
         assert r["phase"] == "hold" and r["settle_windows"] <= 60, r
+        assert r["windows_to_95"] is not None and r["windows_to_95"] <= r["settle_windows"]
+        assert 0 < r["ga3c_of_best"] <= 1.0 and 1 <= r["ga3c_actors"] <= r["most_actors"]  # the anchor, same model
 
 
 def test_from_far_off_a_move_may_reach_the_most_actors_allowed():
