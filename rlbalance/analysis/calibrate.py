@@ -33,6 +33,7 @@ import torch
 from rlbalance import config as C
 from rlbalance.agents import registry
 from rlbalance.agents.nets import resolve_model
+from rlbalance.core.cpuinfo import usable_cpus
 from rlbalance.core.jsonio import dumps as strict_dumps
 from rlbalance.envs.batch import EnvBatch, probe_spec
 from rlbalance.runtime.buffers import RolloutBuffers
@@ -291,9 +292,7 @@ def run_calibration(cfg: C.Config, quick: bool = False, progress=print) -> dict:
     obs_bytes = spec.obs_bytes
     flops = model_flops(model.cpu(), one) if device.type == "cpu" else model_flops(registry.build_model(cfg.learner, spec), one)
     progress("pipeline loop (short training runs on a free env) ...")
-    import os
-
-    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ncpu = usable_cpus()
     counts = sorted({1, ncpu, 2 * ncpu}) if not quick else [1]
     free = free_env(cfg.env, spec)
     pipeline = {"points": {str(n): pipeline_loop(cfg, spec, 4.0 if quick else 12.0, n) for n in counts},

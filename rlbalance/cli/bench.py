@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 
@@ -229,8 +228,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from rlbalance.bench.trainer import DEFAULT_STEPS, WORKLOADS, run_workload, write_results
 
-    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    counts = [int(x) for x in args.actors.split(",") if x] or list(range(1, 2 * max(ncpu, 1) + 1))
+    from rlbalance.core.cpuinfo import usable_cpus
+
+    counts = [int(x) for x in args.actors.split(",") if x] or list(range(1, 2 * usable_cpus() + 1))
     results = []
     for w in [w for w in (args.workloads or "cartpole,pong").split(",") if w]:
         if w not in WORKLOADS:

@@ -1,9 +1,16 @@
-"""What the CPU says of itself (Linux /proc/cpuinfo): its model name and feature flags, read once."""
+"""What the CPU says of itself (Linux /proc/cpuinfo): its model name and feature flags, read once; and how many CPUs
+this process may use."""
 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the OS has one; else all of them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @functools.lru_cache(maxsize=1)

@@ -112,10 +112,6 @@ class ActorPool:
         self._eof: set[int] = set()  # actors whose control pipe closed (dead), until restarted
         self.start_errors: dict[int, str] = {}  # actor -> the traceback it could not start with
 
-    @property
-    def at_actor(self) -> set[int]:
-        return set(self.holder)
-
     def quota(self) -> int:
         """Buffers each running actor may hold: what a run of ``active`` actors would own (actors.buffers_per_actor,
         or enough for two learner batches plus one per group)."""
@@ -170,11 +166,7 @@ class ActorPool:
         n = max(1, min(n, self.capacity))
         run = [i for i, p in enumerate(self.procs) if p is not None and i not in self.retiring]
         for i in reversed(run[n:]):
-            self.retiring.add(i)
-            try:
-                self.ctl[i].send_bytes(RETIRE)
-            except (BrokenPipeError, ConnectionResetError, OSError, AttributeError):
-                pass  # already dead: check() reclaims it
+            self._retire(i)
         free = [i for i, p in enumerate(self.procs) if p is None]
         for i in free[:max(0, n - len(run))]:
             if self.started[i]:  # a slot run before: a new incarnation (its seeds and unroll numbers differ)
@@ -191,11 +183,7 @@ class ActorPool:
         built anew (a run that balances itself, moving the envs per actor). The caller gives each batch back."""
         for i, p in enumerate(self.procs):
             if p is not None and i not in self.retiring:
-                self.retiring.add(i)
-                try:
-                    self.ctl[i].send_bytes(RETIRE)
-                except (BrokenPipeError, ConnectionResetError, OSError, AttributeError):
-                    pass
+                self._retire(i)
         self.active = 0
         while any(p is not None for p in self.procs):
             self.receive(0.2)
@@ -206,6 +194,14 @@ class ActorPool:
         if self.full:
             idx, self.full = self.full, []
             yield idx
+
+    def _retire(self, i: int) -> None:
+        """Tell actor ``i`` to finish the unrolls it has begun and exit; it gets no more buffers."""
+        self.retiring.add(i)
+        try:
+            self.ctl[i].send_bytes(RETIRE)
+        except (BrokenPipeError, ConnectionResetError, OSError, AttributeError):
+            pass  # already dead (or its pipe closed): check() reclaims it
 
     def settled(self) -> bool:
         """No actor is being retired and every running actor has sent an unroll since it started."""

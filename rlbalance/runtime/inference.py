@@ -145,7 +145,7 @@ class InferenceServer(threading.Thread):
                 continue
             ids, pending = pending[: self.max_clients], pending[self.max_clients:]
             with self._lock:
-                targets = [self.conns[i] for i in ids]  # (None: removed meanwhile, not answered)  # the channels these requests came on
+                targets = [self.conns[i] for i in ids]  # the channels these requests came on (None: removed since)
             idx = torch.tensor(ids)
             with timer.stage("h2d"):
                 if self.pinned is not None:

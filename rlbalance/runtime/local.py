@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
-import os
 
 import psutil
 import torch
 
 from rlbalance.agents import registry
 from rlbalance.config import Config
+from rlbalance.core.cpuinfo import usable_cpus
 from rlbalance.envs.batch import EnvBatch, EnvSpec
 from rlbalance.runtime.actor import (
     ActorShared,
@@ -89,13 +89,9 @@ def run_serial(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> None
     learn(session, learner, actors, buffers, nb, publish)
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def balance_capacity(cfg: Config) -> int:
     """The most actor processes a self-balancing run may run (run.balance_max_actors; 0: twice the usable cores)."""
-    return max(cfg.actors.num_actors, cfg.run.balance_max_actors or 2 * usable_cores())
+    return max(cfg.actors.num_actors, cfg.run.balance_max_actors or 2 * usable_cpus())
 
 
 class LocalKnobs:
@@ -174,7 +170,7 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> No
                 cfg.actors, num_actors=balance_capacity(cfg), envs_per_actor=knobs.envs))
         pool, server, sh = _start_actors(cfg, spec, learner, session, active, knobs)
         if knobs is not None and balancer is None:
-            cores = usable_cores()
+            cores = usable_cpus()
             central = server is not None
             balancer = Balancer(knobs, cores, cfg.run.balance_window_s, min_gain=cfg.run.balance_min_gain,
                                 max_actors=pool.capacity, max_threads=cores, envs=envs_choices(cfg),

@@ -179,27 +179,27 @@ def learn(session: RunSession, learner: Learner, actors: ActorSet, buffers: Buff
     stop; with run.balance=auto, the balancer measures each update and moves the layout between updates (a move
     that needs the actors built anew ends the loop once they are drained: every unroll they made is trained on).
     The actors are stopped, and their last figures reported, however the loop is left."""
+    def train_on(idx: list[int]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        batch = buffers.gather(idx)
+        actors.give_back(idx)
+        stats = learner.train(batch)
+        if publish is not None:
+            with session.timer.stage("weight_publish"):
+                publish()
+        return batch, stats
+
     try:
         while not session.done():
             if balancer is not None and balancer.restart_wanted():
                 assert isinstance(actors, Drains), "run.balance moves envs per actor only where actors drain"
                 for idx in actors.drain(batch_buffers):
-                    batch = buffers.gather(idx)
-                    actors.give_back(idx)
-                    session.after_update(batch, learner.train(batch))
-                    if publish is not None:
-                        publish()
+                    session.after_update(*train_on(idx))
                 return
             t0 = time.perf_counter()
             with session.timer.stage("wait_data"):
                 idx = actors.take_full(batch_buffers)
             waited = time.perf_counter() - t0
-            batch = buffers.gather(idx)
-            actors.give_back(idx)
-            stats = learner.train(batch)
-            if publish is not None:
-                with session.timer.stage("weight_publish"):
-                    publish()
+            batch, stats = train_on(idx)
             actors.poll()
             actors.report(session)
             session.after_update(batch, stats)

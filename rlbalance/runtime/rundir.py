@@ -18,7 +18,7 @@ import torch
 from rlbalance.config import Config, from_dict
 from rlbalance.config.schema import RESOLVED
 from rlbalance.config.trust import confirm_code
-from rlbalance.core.cpuinfo import cpu_model
+from rlbalance.core.cpuinfo import cpu_model, usable_cpus
 from rlbalance.core.errors import ConfigError, DiskWriteError
 from rlbalance.core.jsonio import atomic_write_bytes, atomic_write_json
 
@@ -78,7 +78,7 @@ def hardware_stamp() -> dict:
         "cpu_model": _cpu_model(),
         "physical_cores": psutil.cpu_count(logical=False),
         "logical_cpus": psutil.cpu_count(logical=True),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "usable_cpus": usable_cpus(),
         "memory_bytes": psutil.virtual_memory().total,
         "gpus": _gpus(),
         "cuda_available": torch.cuda.is_available(),

@@ -326,15 +326,14 @@ class Session:
         slot = obs + 8 + logits + 8 if self.cfg.inference.mode == "central" else 0
         return 2 * row + obs + slot
 
-    def write_balanced_config(self) -> Path:
-        """balanced.json in the run directory: this run's config at the layout the balancer found, for
-        ``rlbalance train --config`` (a new run directory: run.name is left empty)."""
-        lay = self.balancer.knobs.layout()
+    def write_balanced_config(self, found: dict[str, Any]) -> Path:
+        """balanced.json in the run directory: this run's config at the layout the balancer found (``found``: its
+        summary's ``final``), for ``rlbalance train --config`` (a new run directory: run.name is left empty)."""
         cfg = self.cfg.to_dict()
-        cfg["actors"]["num_actors"] = lay.actors
-        cfg["actors"]["envs_per_actor"] = lay.envs or cfg["actors"]["envs_per_actor"]
-        cfg["learner"]["torch_threads"] = lay.threads
-        cfg["inference"]["max_wait_ms"] = lay.wait_ms
+        cfg["actors"]["num_actors"] = found["actors"]
+        cfg["actors"]["envs_per_actor"] = found["envs"] or cfg["actors"]["envs_per_actor"]
+        cfg["learner"]["torch_threads"] = found["threads"]
+        cfg["inference"]["max_wait_ms"] = found["wait_ms"]
         cfg["run"]["name"] = ""
         path = self.run.path / "balanced.json"
         atomic_write_json(path, cfg)
@@ -397,7 +396,7 @@ class Session:
         }
         if self.balancer is not None:
             summary["balance"] = self.balancer.summary()
-            summary["balance"]["config_file"] = str(self.write_balanced_config())
+            summary["balance"]["config_file"] = str(self.write_balanced_config(summary["balance"]["final"]))
         if summary["node_power_w"]:
             p = summary["node_power_w"]
             summary["fps_per_watt"] = {"value": summary["fps_sustained"] / max(p["value"], 1e-9), "source": p["source"]}

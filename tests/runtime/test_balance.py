@@ -271,7 +271,7 @@ class ScriptedBalancer:
         return {}
 
     def summary(self):
-        return {"seen": [(u, lay.to_dict(), k) for u, lay, k in self.seen]}
+        return {"final": self.knobs.layout().to_dict(), "seen": [(u, lay.to_dict(), k) for u, lay, k in self.seen]}
 
 
 @pytest.mark.parametrize("agent", ["vtrace", "r2d2"])
