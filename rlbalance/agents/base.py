@@ -8,19 +8,24 @@ the runners run it::
     agent.check(cfg, spec)                          # refusals, before any process starts
     net = agent.build_net(cfg.learner, spec)        # the policy the actors (or the inference server) evaluate
     learner = agent.make_learner(net, cfg, spec, device)
-    explore = agent.exploration(cfg)                # per-env values handed to every act call (or None)
+    record = agent.step_record(cfg, spec)           # what the actors record per env step, by name
+    values = agent.acting_values(cfg)               # per-env values handed to every act call (or None)
     while not done:
-        # actors: actions, out, state_in, state = net.act_recurrent(obs, state, first, gen, explore=...)
-        #         (feed-forward nets: actions, out = net.act(obs, gen, explore=...)); they record ``out``
-        stats = learner.train(batch_of_unrolls)     # any number of gradient steps
+        # actors: actions, out, state_in, state = net.act_recurrent(obs, state, first, gen, value)
+        #         (feed-forward nets: actions, out = net.act(obs, gen, value)); ``value`` is the env's row of
+        #         ``values`` (or None), passed by position; ``out`` is a dict with one tensor [N, *shape] per field
+        #         of ``record``, which buffers, step slots, the Ray feeder and the batches carry by its name
+        stats = learner.train(batch_of_unrolls)     # any number of gradient steps; batch[name] [T+1, B, *shape]
     learner.figures(); learner.annotate_verdict(verdict)   # its own telemetry and what the verdict means for it
 
-A net records, per env step, its ``out`` row (policy parameters, Q-values: whatever the learner needs of the step
-the actor took) in the buffers' ``logits`` slots; its width is ``spec.num_actions``.
+The runtime names none of an agent's fields: it allocates and moves what ``step_record`` declares (policy
+parameters for V-trace, Q-values for R2D2, anything for another agent), and a net's ``mode(out)`` is the greedy
+action evaluation plays.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +50,19 @@ def shape_rewards(reward: torch.Tensor, lc) -> torch.Tensor:
     if lc.reward_clip:
         reward = reward.clamp(-lc.reward_clip, lc.reward_clip)
     return reward
+
+
+@dataclass(frozen=True)
+class StepField:
+    """One field of an agent's per-step record: its shape for one env (``()``: a scalar) and its dtype."""
+
+    shape: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes per env step."""
+        return int(np.prod(self.shape, dtype=np.int64)) * torch.empty((), dtype=self.dtype).element_size()
 
 
 class LearnerBase:
@@ -124,9 +142,15 @@ class Agent:
                      distributed: bool = False) -> LearnerBase:
         raise NotImplementedError
 
-    def exploration(self, cfg) -> np.ndarray | None:
-        """Per-env values [clients, K] that every act call of that env receives as ``explore`` (an epsilon
-        ladder, ...); None: the net explores by itself (a sampled policy)."""
+    def step_record(self, cfg, spec) -> dict[str, StepField]:
+        """What the actors record of each env step beside the transition (obs, action, reward, flags), by name:
+        what the net's ``act`` returns as ``out`` and the learner reads as ``batch[name]``. Names must not be those
+        of the transition's fields (``registry.step_record`` refuses them)."""
+        raise NotImplementedError
+
+    def acting_values(self, cfg) -> np.ndarray | None:
+        """Per-env values [clients, K] that every act call of that env receives (by position, after the generator):
+        an exploration rate, ...; None: the net needs none (a sampled policy explores by itself)."""
         return None
 
     def identity(self, cfg) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from rlbalance.agents.base import Agent
+from rlbalance.agents.base import Agent, StepField
 from rlbalance.agents.r2d2 import R2D2
 from rlbalance.agents.vtrace import VTrace
 from rlbalance.core.errors import ConfigError
@@ -50,6 +50,34 @@ def build_model(cfg, spec):
 def core_state_size(cfg, spec) -> int:
     """One env's recurrent state size for ``cfg.agent``'s net (0: feed-forward): what buffers and slots hold."""
     return get(cfg.agent).state_size(cfg, spec)
+
+
+#: the transition's fields, which every buffer row holds whatever the agent (a record field may not take their names)
+TRANSITION_FIELDS = frozenset({"obs", "action", "reward", "done", "truncated", "final_obs", "ep_end", "ep_return",
+                               "ep_length", "version", "core", "client", "unroll", "first", "core_in"})
+
+
+def step_record(cfg, spec) -> dict[str, StepField]:
+    """What ``cfg.learner.agent``'s actors record per env step, by name (``Agent.step_record``), checked: at least one
+    field, no name of the transition's, each a StepField."""
+    agent = get(cfg.learner.agent)
+    record = dict(agent.step_record(cfg, spec))
+    if not record:
+        raise ConfigError(f"learner.agent={cfg.learner.agent!r}: step_record declares no field; an agent records at "
+                          "least what its actors acted by (e.g. policy parameters)")
+    for name, f in record.items():
+        if name in TRANSITION_FIELDS or not name.isidentifier():
+            raise ConfigError(f"learner.agent={cfg.learner.agent!r}: step_record field {name!r} is taken by the "
+                              f"transition or is not an identifier; rename it (taken: {sorted(TRANSITION_FIELDS)})")
+        if not isinstance(f, StepField):
+            raise ConfigError(f"learner.agent={cfg.learner.agent!r}: step_record field {name!r} is {f!r}; declare it "
+                              "as rlbalance.agents.base.StepField(shape, dtype)")
+    return record
+
+
+def acting_values(cfg):
+    """Every env's acting values [clients, K] (``Agent.acting_values``), or None."""
+    return get(cfg.learner.agent).acting_values(cfg)
 
 
 def make_learner(net, cfg, spec, device, step_lock=None, distributed: bool = False):

@@ -68,10 +68,11 @@ def env_step_us(cfg: C.Config, k: int, seconds: float = 0.6) -> float:
 class _ConstantPolicy:
     """Answers at once with action 0: what is left is the actor loop's own cost."""
 
-    def __init__(self, k: int, spec):
+    def __init__(self, k: int, spec, record: dict):
         action = spec.action
         zeros = np.zeros((k, *action.store_shape), dtype=np.float32 if action.kind == "box" else np.int64)
-        self.answer = (zeros, np.zeros((k, spec.num_actions), dtype=np.float32), 0)
+        fields = {name: torch.zeros((k, *f.shape), dtype=f.dtype).numpy() for name, f in record.items()}
+        self.answer = (zeros, fields, 0)
 
     core_in = None
 
@@ -88,9 +89,10 @@ def actor_loop_us(cfg: C.Config, k: int, seconds: float = 0.6) -> float:
 
     envs = EnvBatch(cfg.env, k, 0)
     spec = envs.spec
-    bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, spec, shared=False)
+    record = registry.step_record(cfg, spec)
+    bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, spec, shared=False, record=record)
     view = bufs.view(0)
-    rollout = Rollout(envs, _ConstantPolicy(k, spec))
+    rollout = Rollout(envs, _ConstantPolicy(k, spec, record))
     t = _median_time(lambda: rollout.fill(view), reps=3, min_s=seconds / 3)
     envs.close()
     return t / (cfg.learner.unroll_length * k) * 1e6
@@ -242,7 +244,8 @@ def timed_learner(cfg: C.Config, spec, device, batch_size: int, real_env: bool =
     c2 = agent.sized(cfg, batch_size)
     learner = registry.make_learner(registry.build_model(c2.learner, spec), c2, spec, device)
     nb, k, t = c2.buffers_per_batch, c2.actors.envs_per_actor, c2.learner.unroll_length
-    bufs = RolloutBuffers.allocate(nb, t, k, spec, shared=False, core_size=registry.core_state_size(c2.learner, spec))
+    bufs = RolloutBuffers.allocate(nb, t, k, spec, shared=False, record=registry.step_record(c2, spec),
+                                   core_size=registry.core_state_size(c2.learner, spec))
     envs = EnvBatch(c2.env, k, 0)
     obs = envs.reset()
     rng = np.random.default_rng(0)

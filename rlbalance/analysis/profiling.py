@@ -86,7 +86,7 @@ def profile_run(cfg, steps: int = 10) -> tuple[dict, Path]:
     """Train briefly (serial mode, the config's budget), then capture the kernel view into the run dir."""
     from dataclasses import replace
 
-    from rlbalance.agents.registry import core_state_size
+    from rlbalance.agents.registry import core_state_size, step_record
     from rlbalance.envs.batch import EnvBatch
     from rlbalance.runtime.buffers import RolloutBuffers
     from rlbalance.runtime.train import train
@@ -99,7 +99,7 @@ def profile_run(cfg, steps: int = 10) -> tuple[dict, Path]:
         obs = torch.from_numpy(envs.reset().copy()).repeat(cfg.num_clients, *([1] * len(spec.obs_shape)))
         nb = cfg.buffers_per_batch
         bufs = RolloutBuffers.allocate(nb, cfg.learner.unroll_length, k, spec, shared=False,
-                                       core_size=core_state_size(cfg.learner, spec))
+                                       record=step_record(cfg, spec), core_size=core_state_size(cfg.learner, spec))
         for j in range(nb):
             bufs.view(j).obs[:] = envs.obs
         envs.close()

@@ -39,8 +39,9 @@ class Policy(Protocol):
         """Ask for actions for observations [K, ...]; ``first`` [K] bool: which of them start an episode (a
         recurrent policy resets those envs' state). May return before the actions are ready."""
 
-    def receive(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """The answer to the last request: (actions [K], logits [K, A], policy version)."""
+    def receive(self) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
+        """The answer to the last request: (actions [K], the agent's record of the step (name: [K, *shape]), policy
+        version)."""
 
 
 class UnrollWriter:
@@ -62,9 +63,10 @@ class UnrollWriter:
         buf.unroll[...] = self.unrolls
         self.unrolls += 1
 
-    def record_action(self, action: np.ndarray, logits: np.ndarray, version: int,
+    def record_action(self, action: np.ndarray, record: dict[str, np.ndarray], version: int,
                       core_in: np.ndarray | None = None) -> None:
-        """``core_in``: a recurrent policy's state [K, 2, H] this step started from (kept for row 0)."""
+        """``record``: the agent's fields of this step (name: [K, *shape]); ``core_in``: a recurrent policy's state
+        [K, S] this step started from (kept for row 0)."""
         buf, t = self.buf, self.t
         assert buf is not None, "begin() gives the writer a buffer first"
         if t == 0:
@@ -73,7 +75,8 @@ class UnrollWriter:
                 buf.core[...] = core_in
         buf.obs[t] = self.obs
         buf.action[t] = action
-        buf.logits[t] = logits
+        for name, x in record.items():
+            buf.record[name][t] = x
 
     def record_step(self, r: StepResult, final_obs: np.ndarray | None) -> bool:
         """The transition of the recorded action; True when the buffer is complete. ``final_obs`` is
@@ -117,8 +120,8 @@ class Rollout(UnrollWriter):
         """Take one step of all K envs into the buffer; True when the buffer is complete."""
         timer = self.timer
         with timer.stage("wait_action"):
-            action, logits, version = self.policy.receive()
-        self.record_action(action, logits, version, self.policy.core_in)
+            action, record, version = self.policy.receive()
+        self.record_action(action, record, version, self.policy.core_in)
         with timer.stage("env_step"):
             r = self.envs.step(action)
         complete = self.record_step(r, self.envs.final_obs)
@@ -139,7 +142,7 @@ class CentralClient:
         self.conn = conn
         self.obs = slots.obs[client_id].numpy()
         self.action = slots.action[client_id].numpy()
-        self.logits = slots.logits[client_id].numpy()
+        self.record = {name: x[client_id].numpy() for name, x in slots.record.items()}
         self.version = slots.version[client_id : client_id + 1].numpy()
         self.first = slots.first[client_id].numpy()
         self.core_in = slots.core_in[client_id].numpy() if slots.core_in.shape[-1] else None
@@ -151,30 +154,30 @@ class CentralClient:
 
     def receive(self):
         self.conn.recv_bytes()
-        return self.action, self.logits, int(self.version[0])
+        return self.action, self.record, int(self.version[0])
 
 
 def net_step(net: Any, obs: torch.Tensor, state: torch.Tensor | None, first: torch.Tensor | None,
-             generator: torch.Generator | None, explore: torch.Tensor | None = None):
-    """One step of any agent's policy net for N envs, as every runner takes it: (actions, the net's ``out`` row that
-    the actors record, the state the step started from, the state after it); the states are None for a
-    feed-forward net. ``explore`` [N]: the agent's per-env exploration values (``Agent.exploration``), or None."""
+             generator: torch.Generator | None, value: torch.Tensor | None = None):
+    """One step of any agent's policy net for N envs, as every runner takes it: (actions, the net's ``out`` record
+    of the step (name: [N, *shape]), the state the step started from, the state after it); the states are None for a
+    feed-forward net. ``value`` [N]: the agent's per-env acting values (``Agent.acting_values``), or None."""
     with torch.inference_mode():
         if state is None:
-            actions, out = net.act(obs, generator, explore=explore)
+            actions, out = net.act(obs, generator, value)
             return actions, out, None, None
-        return net.act_recurrent(obs, state, first, generator, explore=explore)
+        return net.act_recurrent(obs, state, first, generator, value)
 
 
 class EnvStates:
     """What central inference keeps for every env of every client (env group), on the learner device: a recurrent
-    net's core state (reset where the actor flags an episode's first observation) and the agent's exploration values
-    (``explore`` [clients, K], see ``exploration``); ``step`` is one step of the net for a batch of clients. The
+    net's core state (reset where the actor flags an episode's first observation) and the agent's acting values
+    (``values`` [clients, K], see ``acting_values``); ``step`` is one step of the net for a batch of clients. The
     inference server and the Ray feeder both step through it."""
 
     def __init__(self, net: Any, clients: int, k: int, device: torch.device,
-                 explore: torch.Tensor | None = None):
-        self.net, self.k, self.explore = net, k, explore
+                 values: torch.Tensor | None = None):
+        self.net, self.k, self.values = net, k, values
         self.state: torch.Tensor | None = None
         if getattr(net, "recurrent", False):
             with torch.inference_mode():
@@ -182,11 +185,11 @@ class EnvStates:
 
     def step(self, idx: torch.Tensor, obs: torch.Tensor, first: torch.Tensor | None, generator: torch.Generator):
         """Clients ``idx`` [n] (on the device), their envs' observations [n*K, ...] and first flags [n*K] (None for a
-        feed-forward net): (actions, the net's out rows, the states the step started from or None); the new states
-        are kept."""
-        explore = None if self.explore is None else self.explore[idx].reshape(-1)
+        feed-forward net): (actions, the net's record of the step, the states the step started from or None); the new
+        states are kept."""
+        value = None if self.values is None else self.values[idx].reshape(-1)
         state = None if self.state is None else self.state[idx].reshape(len(idx) * self.k, -1)
-        actions, out, core_in, state_out = net_step(self.net, obs, state, first, generator, explore)
+        actions, out, core_in, state_out = net_step(self.net, obs, state, first, generator, value)
         if state_out is not None and self.state is not None:
             with torch.inference_mode():
                 self.state[idx] = state_out.view(len(idx), self.k, -1)
@@ -195,15 +198,15 @@ class EnvStates:
 
 class DirectPolicy:
     """A policy evaluated at request time in this process (serial runner, actor-side inference): ``net`` on
-    ``device`` for one env group of ``k`` envs (a recurrent net: with their core states), ``explore`` [k] those
-    envs' exploration values (None: none), ``before()`` run before each step (actor-side: the weight sync)."""
+    ``device`` for one env group of ``k`` envs (a recurrent net: with their core states), ``values`` [k] those
+    envs' acting values (None: none), ``before()`` run before each step (actor-side: the weight sync)."""
 
     def __init__(self, net: Any, k: int, generator: torch.Generator, version_fn,
-                 explore: torch.Tensor | None = None, device: torch.device | str = "cpu", before=None):
-        self.net, self.generator, self.version_fn, self.explore, self.device = net, generator, version_fn, explore, device
+                 values: torch.Tensor | None = None, device: torch.device | str = "cpu", before=None):
+        self.net, self.generator, self.version_fn, self.values, self.device = net, generator, version_fn, values, device
         self.before = before
         self.state = net.initial_state(k, device) if getattr(net, "recurrent", False) else None
-        self.answer: tuple[np.ndarray, np.ndarray, int] | None = None
+        self.answer: tuple[np.ndarray, dict[str, np.ndarray], int] | None = None
         self.core_in: np.ndarray | None = None
 
     def request(self, obs: np.ndarray, first: np.ndarray) -> None:
@@ -211,9 +214,9 @@ class DirectPolicy:
             self.before()
         dev = self.device
         actions, out, core_in, self.state = net_step(self.net, torch.from_numpy(obs).to(dev), self.state,
-                                                     torch.from_numpy(first).to(dev), self.generator, self.explore)
+                                                     torch.from_numpy(first).to(dev), self.generator, self.values)
         self.core_in = None if core_in is None else core_in.cpu().numpy()
-        self.answer = (actions.cpu().numpy(), out.cpu().numpy(), self.version_fn())
+        self.answer = (actions.cpu().numpy(), {name: x.cpu().numpy() for name, x in out.items()}, self.version_fn())
 
     def receive(self):
         return self.answer
@@ -232,16 +235,21 @@ class LocalModel:
         if int(self.weights.version[0]) - self.version >= self.sync_every:
             self.version = self.weights.load_into(self.model)
 
-    def policy(self, k: int, explore: torch.Tensor | None = None) -> DirectPolicy:
-        """The policy of one env group of ``k`` envs (``explore``: their exploration values, see ``net_step``)."""
-        return DirectPolicy(self.model, k, self.generator, lambda: self.version, explore, before=self._sync)
+    def policy(self, k: int, values: torch.Tensor | None = None) -> DirectPolicy:
+        """The policy of one env group of ``k`` envs (``values``: their acting values, see ``net_step``)."""
+        return DirectPolicy(self.model, k, self.generator, lambda: self.version, values, before=self._sync)
 
 
-def exploration(cfg: Config, device: torch.device | str = "cpu") -> torch.Tensor | None:
-    """Every env's exploration values [clients, K] on ``device`` (the agent's, see ``Agent.exploration``); None where
-    the agent's net explores by itself."""
-    x = registry.get(cfg.learner.agent).exploration(cfg)
+def acting_values(cfg: Config, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """Every env's acting values [clients, K] on ``device`` (the agent's, see ``Agent.acting_values``); None where
+    its net takes none."""
+    x = registry.acting_values(cfg)
     return None if x is None else torch.as_tensor(x, dtype=torch.float32, device=device)
+
+
+def group_values(values: torch.Tensor | None, client: int) -> torch.Tensor | None:
+    """Env group ``client``'s row of ``values`` (None stays None)."""
+    return None if values is None else values[client]
 
 
 def init_process(torch_threads: int, cpus: tuple[int, ...] | None, seed: int) -> None:
@@ -376,9 +384,8 @@ def actor_main(actor_id: int, incarnation: int, cfg: Config, sh: ActorShared, co
                 assert sh.weights is not None, "actor-side inference reads the learner's weights"
                 model = registry.build_model(cfg.learner, envs[0].spec)
                 local = LocalModel(model, sh.weights, cfg.inference.sync_every, client_seed(cfg, clients[0]))
-                explore = exploration(cfg)
-                policies = [local.policy(cfg.actors.envs_per_actor, None if explore is None else explore[c])
-                            for c in clients]
+                values = acting_values(cfg)
+                policies = [local.policy(cfg.actors.envs_per_actor, group_values(values, c)) for c in clients]
         except Exception as e:  # (an import, an env constructor): it would fail the same way after any restart
             if isinstance(e, InjectedCrash):
                 raise

@@ -1,7 +1,7 @@
 """Preallocated rollout buffers and per-actor step slots, in shared memory.
 
-Bulk data (observations, actions, logits, rewards) lives in tensors allocated once, before any
-actor starts, and shared with the actor processes (torch's file-descriptor strategy: the segments
+Bulk data (observations, actions, rewards, and the fields the agent records per step) lives in tensors allocated
+once, before any actor starts, and shared with the actor processes (torch's file-descriptor strategy: the segments
 are unlinked at creation, so nothing is left in /dev/shm even after kill -9). Only buffer indices
 and one-byte flags cross process boundaries afterwards.
 """
@@ -9,11 +9,12 @@ and one-byte flags cross process boundaries afterwards.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 
+from rlbalance.agents.base import StepField
 from rlbalance.envs.batch import EnvSpec
 
 _TORCH_DTYPE = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float32): torch.float32,
@@ -26,11 +27,10 @@ def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
 
 @dataclass
 class RolloutBuffers:
-    """``n`` unroll buffers, each [T+1, K]; row t holds x_t, a_t, behaviour logits, r_t, done_t."""
+    """``n`` unroll buffers, each [T+1, K]; row t holds x_t, a_t, the agent's record of the step, r_t, done_t."""
 
     obs: torch.Tensor       # [n, T+1, K, *obs_shape]
     action: torch.Tensor    # [n, T+1, K] int64 (Discrete), [n, T+1, K, dim] int64 or float32 (see distributions)
-    logits: torch.Tensor    # [n, T+1, K, P] float32: the behaviour policy's parameters
     reward: torch.Tensor    # [n, T+1, K] float32
     done: torch.Tensor      # [n, T+1, K] bool: the episode (for learning) ended after a_t
     truncated: torch.Tensor  # [n, T+1, K] bool: ...by a time limit; bootstrap from final_obs
@@ -42,9 +42,12 @@ class RolloutBuffers:
     core: torch.Tensor      # [n, K, S] float32: a recurrent policy's state at row 0 (S = 0: feed-forward)
     client: torch.Tensor    # [n] int64: the env group that filled it (its envs are known by (client, column))
     unroll: torch.Tensor    # [n] int64: that group's unroll number (consecutive unrolls of an env follow on)
+    record: dict[str, torch.Tensor] = field(default_factory=dict)  # [n, T+1, K, *shape] each: Agent.step_record
 
     @classmethod
-    def allocate(cls, n: int, t: int, k: int, spec: EnvSpec, shared: bool, core_size: int = 0) -> "RolloutBuffers":
+    def allocate(cls, n: int, t: int, k: int, spec: EnvSpec, shared: bool, record: dict[str, StepField],
+                 core_size: int = 0) -> "RolloutBuffers":
+        """``record``: the agent's per-step fields (``registry.step_record``)."""
         def z(shape, dtype):
             x = torch.zeros(shape, dtype=dtype)
             return x.share_memory_() if shared else x
@@ -52,7 +55,7 @@ class RolloutBuffers:
         return cls(
             obs=z((n, t + 1, k, *spec.obs_shape), torch_dtype(spec.obs_dtype)),
             action=z((n, t + 1, k, *spec.action.store_shape), spec.action.torch_dtype),
-            logits=z((n, t + 1, k, spec.num_actions), torch.float32),
+            record={name: z((n, t + 1, k, *f.shape), f.dtype) for name, f in record.items()},
             reward=z((n, t + 1, k), torch.float32),
             done=z((n, t + 1, k), torch.bool),
             truncated=z((n, t + 1, k), torch.bool),
@@ -68,17 +71,18 @@ class RolloutBuffers:
 
     def view(self, i: int) -> "UnrollView":
         """Numpy views of buffer i, for an actor to fill in place."""
-        return UnrollView(**{f.name: getattr(self, f.name)[i].numpy() for f in fields(self)})
+        views = {f.name: getattr(self, f.name)[i].numpy() for f in fields(self) if f.name != "record"}
+        return UnrollView(**views, record={name: x[i].numpy() for name, x in self.record.items()})
 
     def gather(self, idx: list[int]) -> dict[str, torch.Tensor]:
-        """Copy buffers ``idx`` into one time-major batch [T+1, len(idx)*K, ...]."""
+        """Copy buffers ``idx`` into one time-major batch [T+1, len(idx)*K, ...]; the record's fields by their names."""
         out = {}
-        for f in fields(self):
-            if f.name in ("version", "core", "client", "unroll"):
-                continue
-            x = getattr(self, f.name)[idx]  # [b, T+1, K, ...] (a copy)
+        rows = {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("version", "core", "client", "unroll", "record")}
+        for name, full in {**rows, **self.record}.items():
+            x = full[idx]  # [b, T+1, K, ...] (a copy)
             x = x.transpose(0, 1)
-            out[f.name] = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+            out[name] = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
         out["version"] = self.version[idx].clone()
         out["client"] = self.client[idx].clone()
         out["unroll"] = self.unroll[idx].clone()
@@ -91,7 +95,6 @@ class RolloutBuffers:
 class UnrollView:
     obs: np.ndarray
     action: np.ndarray
-    logits: np.ndarray
     reward: np.ndarray
     done: np.ndarray
     truncated: np.ndarray
@@ -103,6 +106,20 @@ class UnrollView:
     core: np.ndarray     # [K, S]
     client: np.ndarray   # 0-d
     unroll: np.ndarray   # 0-d
+    record: dict[str, np.ndarray]  # [T+1, K, *shape] each
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every field by name, the record's among them (what a Ray actor sends of a whole unroll)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "record"}
+        return {**out, **self.record}
+
+    def load(self, arrays: dict[str, np.ndarray]) -> int:
+        """Copy ``arrays`` (as ``arrays()`` gives them) into this buffer; the bytes copied."""
+        n = 0
+        for name, x in arrays.items():
+            (self.record[name] if name in self.record else getattr(self, name))[...] = x
+            n += x.nbytes
+        return n
 
 
 @dataclass
@@ -112,20 +129,21 @@ class StepSlots:
 
     obs: torch.Tensor      # [num_actors, K, *obs_shape]
     action: torch.Tensor   # [num_actors, K, *action store shape]
-    logits: torch.Tensor   # [num_actors, K, P]
     version: torch.Tensor  # [num_actors] int64
     first: torch.Tensor    # [num_actors, K] bool: obs starts an episode
     core_in: torch.Tensor  # [num_actors, K, S] float32 (S = 0: feed-forward)
+    record: dict[str, torch.Tensor]  # [num_actors, K, *shape] each: the agent's record of the step (step_record)
 
     @classmethod
-    def allocate(cls, num_actors: int, k: int, spec: EnvSpec, shared: bool, core_size: int = 0) -> "StepSlots":
+    def allocate(cls, num_actors: int, k: int, spec: EnvSpec, shared: bool, record: dict[str, StepField],
+                 core_size: int = 0) -> "StepSlots":
         def z(shape, dtype):
             x = torch.zeros(shape, dtype=dtype)
             return x.share_memory_() if shared else x
 
         return cls(obs=z((num_actors, k, *spec.obs_shape), torch_dtype(spec.obs_dtype)),
                    action=z((num_actors, k, *spec.action.store_shape), spec.action.torch_dtype),
-                   logits=z((num_actors, k, spec.num_actions), torch.float32),
+                   record={name: z((num_actors, k, *f.shape), f.dtype) for name, f in record.items()},
                    version=z((num_actors,), torch.int64), first=z((num_actors, k), torch.bool),
                    core_in=z((num_actors, k, core_size), torch.float32))
 

@@ -231,8 +231,8 @@ def _policy_kind(cfg, greedy: bool) -> str:
 def policy_actions(model: Any, x: torch.Tensor, generator: torch.Generator | None, greedy: bool,
                    state: torch.Tensor | None = None, first: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Actions for observations ``x`` (greedy: the mode of the net's action distribution over its ``out`` rows), as
-    evaluation plays them; a recurrent net also takes its envs' core states and which observations start an
-    episode, and returns the new states."""
+    """Actions for observations ``x`` (greedy: the net's ``mode`` of the step's record), as evaluation plays them; a
+    recurrent net also takes its envs' core states and which observations start an episode, and returns the new
+    states."""
     actions, out, _, state = net_step(model, x, state if model.recurrent else None, first, generator)
-    return (model.action.mode(out) if greedy else actions), state
+    return (model.mode(out) if greedy else actions), state

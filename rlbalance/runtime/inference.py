@@ -20,7 +20,7 @@ from rlbalance.runtime.buffers import StepSlots
 class InferenceServer(threading.Thread):
     def __init__(self, model: torch.nn.Module, slots: StepSlots, conns: list, device: torch.device,
                  envs_per_actor: int, max_batch: int, max_wait_ms: float, model_lock: threading.Lock,
-                 version_fn, seed: int, timers: bool = True, explore: torch.Tensor | None = None):
+                 version_fn, seed: int, timers: bool = True, values: torch.Tensor | None = None):
         super().__init__(name="inference", daemon=True)
         self.torch_threads = torch.get_num_threads()  # the learner process's (learner.torch_threads)
         self.model, self.slots, self.conns, self.device = model, slots, conns, device
@@ -38,8 +38,8 @@ class InferenceServer(threading.Thread):
         if device.type == "cuda":
             self.pinned = torch.empty_like(slots.obs).pin_memory()
             self._ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        # every env's core state (a recurrent policy's, kept on the learner device as SEED does) and exploration values
-        self.envs = EnvStates(model, len(conns), self.k, device, explore)
+        # every env's core state (a recurrent policy's, kept on the learner device as SEED does) and acting values
+        self.envs = EnvStates(model, len(conns), self.k, device, values)
         self._conn_index = {id(c): i for i, c in enumerate(conns) if c is not None}
         self._lock = threading.Lock()
         # clients whose channel closed (a dead actor) until replaced, or that no actor runs (a pool below capacity)
@@ -158,13 +158,15 @@ class InferenceServer(threading.Thread):
             with timer.stage("forward"), self.model_lock:
                 if self.pinned is not None:
                     self._ev[0].record()
-                actions, logits, core_in = self._step(idx, obs)
+                actions, out, core_in = self._step(idx, obs)
                 if self.pinned is not None:
                     self._ev[1].record()
                 version = self.version_fn()
             with timer.stage("d2h"):
                 slots.action[idx] = actions.view(len(ids), self.k, *actions.shape[1:]).cpu()  # synchronises the stream
-                slots.logits[idx] = logits.view(len(ids), self.k, -1).float().cpu()
+                for name, x in out.items():
+                    slot = slots.record[name]
+                    slot[idx] = x.view(len(ids), self.k, *slot.shape[2:]).to(slot.dtype).cpu()
                 slots.version[idx] = version
                 if core_in is not None:
                     slots.core_in[idx] = core_in.view(len(ids), self.k, *core_in.shape[1:]).cpu()
@@ -181,9 +183,10 @@ class InferenceServer(threading.Thread):
                         self._dead.add(i)
             self.batch_sizes.append(len(ids) * self.k)
 
-    def _step(self, idx: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One step of the policy for clients ``idx``: the actions, the net's out rows and the states the step started
-        from (the actor records them at the start of each unroll; None: feed-forward)."""
+    def _step(self, idx: torch.Tensor, obs: torch.Tensor
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+        """One step of the policy for clients ``idx``: the actions, the net's record of the step and the states it
+        started from (the actor records them at the start of each unroll; None: feed-forward)."""
         first = None if self.envs.state is None else self.slots.first[idx].reshape(-1).to(self.device)
         return self.envs.step(idx.to(self.device), obs, first, self.generator)
 

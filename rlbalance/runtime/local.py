@@ -19,8 +19,9 @@ from rlbalance.runtime.actor import (
     DirectPolicy,
     LocalModel,
     Rollout,
+    acting_values,
     client_seed,
-    exploration,
+    group_values,
 )
 from rlbalance.runtime.actor_pool import ActorPool
 from rlbalance.runtime.balance import Balancer, ProcessCpu
@@ -66,22 +67,22 @@ def run_serial(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> None
     weights = None
     if cfg.inference.mode == "central":
         gen = torch.Generator(device=device).manual_seed(cfg.run.seed)
-        explore = exploration(cfg, device)
-        policies: list = [DirectPolicy(learner.model, k, gen, lambda: learner.updates,
-                                       None if explore is None else explore[c], device)
+        values = acting_values(cfg, device)
+        policies: list = [DirectPolicy(learner.model, k, gen, lambda: learner.updates, group_values(values, c), device)
                           for c in range(cfg.num_clients)]
     else:
         weights = SharedWeights.allocate(learner.model)
-        explore = exploration(cfg)
+        values = acting_values(cfg)
         policies = []
         for a in range(cfg.actors.num_actors):
             local = LocalModel(registry.build_model(cfg.learner, spec), weights, cfg.inference.sync_every,
                                client_seed(cfg, a * g))
-            policies += [local.policy(k, None if explore is None else explore[a * g + i]) for i in range(g)]
+            policies += [local.policy(k, group_values(values, a * g + i)) for i in range(g)]
     rollouts = [Rollout(EnvBatch(cfg.env, k, client_seed(cfg, c)), policies[c], client=c)
                 for c in range(cfg.num_clients)]
     nb = cfg.buffers_per_batch
     buffers = RolloutBuffers.allocate(nb, cfg.learner.unroll_length, k, spec, shared=False,
+                                      record=registry.step_record(cfg, spec),
                                       core_size=registry.core_state_size(cfg.learner, spec))
     actors = SerialActors(rollouts, buffers, cfg.actors.max_restarts)
     session.attach_actors(actors)
@@ -190,12 +191,13 @@ def _start_actors(cfg: Config, spec: EnvSpec, learner, session: RunSession, acti
     ctx = mp.get_context("spawn")
     k, t, n_buf = cfg.actors.envs_per_actor, cfg.learner.unroll_length, cfg.num_buffers
     central = cfg.inference.mode == "central"
-    core = registry.core_state_size(cfg.learner, spec)
+    core, record = registry.core_state_size(cfg.learner, spec), registry.step_record(cfg, spec)
     sh = ActorShared(
-        buffers=RolloutBuffers.allocate(n_buf, t, k, spec, shared=True, core_size=core),
+        buffers=RolloutBuffers.allocate(n_buf, t, k, spec, shared=True, record=record, core_size=core),
         stop=torch.zeros(1, dtype=torch.uint8).share_memory_(),
         heartbeat=torch.zeros(cfg.actors.num_actors, dtype=torch.float64).share_memory_(),
-        slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True, core_size=core) if central else None,
+        slots=StepSlots.allocate(cfg.num_clients, k, spec, shared=True, record=record, core_size=core)
+        if central else None,
         weights=None if central else SharedWeights.allocate(learner.model))
     if sh.weights is not None:
         sh.weights.publish(learner.model, learner.updates)
@@ -213,7 +215,7 @@ def _start_actors(cfg: Config, spec: EnvSpec, learner, session: RunSession, acti
         server = InferenceServer(learner.model, sh.slots, list(pool.parent_conns), learner.device, k,
                                  cfg.inference.max_batch, knobs.wait_ms if knobs else cfg.inference.max_wait_ms,
                                  session.model_lock, lambda: learner.updates, cfg.run.seed,
-                                 cfg.telemetry.stage_timers, exploration(cfg, learner.device))
+                                 cfg.telemetry.stage_timers, acting_values(cfg, learner.device))
         pool.serve(server)
         server.start()
     if knobs is not None:

@@ -36,7 +36,7 @@ from rlbalance.agents.base import LearnerBase
 from rlbalance.config import Config
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
-from rlbalance.runtime.actor import EnvStates, UnrollWriter, exploration, unroll_base
+from rlbalance.runtime.actor import EnvStates, UnrollWriter, acting_values, unroll_base
 from rlbalance.runtime.actor_pool import START_TIMEOUT_S
 from rlbalance.runtime.buffers import RolloutBuffers
 from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect, worker_class
@@ -51,7 +51,7 @@ class _Group:
 
     actor: int
     group: int
-    client: int = 0  # actor * env_groups + group: the env group's place in the run (its exploration values, ...)
+    client: int = 0  # actor * env_groups + group: the env group's place in the run (its acting values, ...)
     writer: UnrollWriter | None = None
     lives: int = 0  # writers begun: each restart of the group numbers its unrolls from a new base
     buffer: int = -1  # index of the buffer being filled, -1 when waiting for one
@@ -137,8 +137,8 @@ class RayFeeder(threading.Thread):
         device = learner.device
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(cfg.run.seed)
-        # central inference: every env's core state (a recurrent policy's) and exploration values, on the device
-        self.envs = EnvStates(learner.model, len(self.groups), self.k, device, exploration(cfg, device))
+        # central inference: every env's core state (a recurrent policy's) and acting values, on the device
+        self.envs = EnvStates(learner.model, len(self.groups), self.k, device, acting_values(cfg, device))
         self.torch_threads = torch.get_num_threads()
         self.weights: tuple[int, object] | None = None  # actor mode: (version, object ref of flat params)
         self._weights_lock = threading.Lock()
@@ -292,10 +292,7 @@ class RayFeeder(threading.Thread):
         arrays, report = reply
         if report is not None:
             self.stats_q.put(report)
-        view = self.buffers.view(g.buffer)
-        for name, x in arrays.items():
-            getattr(view, name)[...] = x
-            self.bytes += x.nbytes
+        self.bytes += self.buffers.view(g.buffer).load(arrays)
         self.full_q.put(g.buffer)
         g.buffer = -1
 
@@ -316,15 +313,16 @@ class RayFeeder(threading.Thread):
                 first = torch.from_numpy(np.concatenate([g.live.first for g in batch])).to(self.device)
                 idx = torch.tensor([g.client for g in batch], device=self.device)
             with timer.stage("forward"), self.model_lock:
-                actions, logits, core_in = self.envs.step(idx, obs, first, self.generator)
+                actions, out, core_in = self.envs.step(idx, obs, first, self.generator)
                 version = self.learner.updates
             with timer.stage("d2h"):
                 actions = actions.view(len(batch), self.k, *actions.shape[1:]).cpu().numpy()
-                logits = logits.view(len(batch), self.k, -1).float().cpu().numpy()
+                record = {name: x.view(len(batch), self.k, *x.shape[1:]).cpu().numpy() for name, x in out.items()}
                 core_in = None if core_in is None else core_in.view(len(batch), self.k, -1).cpu().numpy()
             with timer.stage("send"):
                 for i, g in enumerate(batch):
-                    g.live.record_action(actions[i], logits[i], version, None if core_in is None else core_in[i])
+                    g.live.record_action(actions[i], {name: x[i] for name, x in record.items()}, version,
+                                         None if core_in is None else core_in[i])
                     g.ref = self.actors.handles[g.actor].step.remote(g.group, actions[i])
                     g.sent_at = time.monotonic()
             self.batch_sizes.append(len(batch) * self.k)
@@ -385,7 +383,7 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: RunSessio
     ray, owned = connect(cfg)
     k, t = cfg.actors.envs_per_actor, cfg.learner.unroll_length
     n_buf = cfg.num_buffers
-    buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=False,
+    buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=False, record=registry.step_record(cfg, spec),
                                       core_size=registry.core_state_size(cfg.learner, spec))
     free_q: queue.Queue[int] = queue.Queue()
     full_q: queue.Queue[int] = queue.Queue()

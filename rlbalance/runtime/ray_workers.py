@@ -7,7 +7,6 @@ import os
 import socket
 import time
 import warnings
-from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,7 @@ from rlbalance.agents import registry
 from rlbalance.config import Config
 from rlbalance.core.errors import ConfigError
 from rlbalance.core.timing import StageTimer
-from rlbalance.runtime.actor import DirectPolicy, Rollout, client_seed, exploration, unroll_base
+from rlbalance.runtime.actor import DirectPolicy, Rollout, acting_values, client_seed, group_values, unroll_base
 from rlbalance.runtime.buffers import RolloutBuffers
 
 _RETRY_S = 0.5  # how often a restarting actor is asked again
@@ -166,19 +165,20 @@ class EnvWorker:
         if rollouts is None:  # (after the first weights: a Rollout asks for its first actions as it starts)
             cfg = self.cfg
             gen = torch.Generator().manual_seed(client_seed(cfg, self.actor_id * cfg.actors.env_groups) + 1)
-            explore = exploration(cfg)
+            values = acting_values(cfg)
             k, g = cfg.actors.envs_per_actor, cfg.actors.env_groups
             clients = [self.actor_id * g + i for i in range(g)]
             held: dict[str, int] = state
-            rollouts = [Rollout(e, DirectPolicy(model, k, gen, lambda: held["version"],
-                                                None if explore is None else explore[c]),
+            rollouts = [Rollout(e, DirectPolicy(model, k, gen, lambda: held["version"], group_values(values, c)),
                                 self.timer, c, unroll_base(self.life)) for e, c in zip(self.envs, clients)]
-            bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, self.envs[0].spec, shared=False,
-                                           core_size=registry.core_state_size(cfg.learner, self.envs[0].spec))
+            spec = self.envs[0].spec
+            bufs = RolloutBuffers.allocate(1, cfg.learner.unroll_length, k, spec, shared=False,
+                                           record=registry.step_record(cfg, spec),
+                                           core_size=registry.core_state_size(cfg.learner, spec))
             self.local = (model, rollouts, bufs, state)
         assert rollouts is not None and bufs is not None
         rollouts[group].fill(bufs.view(0))
-        out = ({f.name: getattr(bufs, f.name)[0].numpy() for f in fields(bufs)}, self._report())
+        out = (bufs.view(0).arrays(), self._report())
         self._t_out = time.perf_counter()
         return out
 

@@ -319,11 +319,11 @@ class Session:
     def transport_bytes_per_step(self) -> int:
         """Bytes moved through shared memory per env step: the actor's unroll-buffer row, the learner's
         copy of it into a batch (with the row's final_obs, which the batch carries whole) and, with central inference,
-        the step slot's obs, action and logits."""
+        the step slot's obs, action and the agent's record of the step."""
         obs = self.spec.obs_bytes
-        logits = 4 * self.spec.num_actions
-        row = obs + 8 + logits + 4 + 1 + 1 + 1 + 4 + 8  # obs, action, logits, reward, flags, return, length
-        slot = obs + 8 + logits + 8 if self.cfg.inference.mode == "central" else 0
+        record = sum(f.nbytes for f in registry.step_record(self.cfg, self.spec).values())
+        row = obs + 8 + record + 4 + 1 + 1 + 1 + 4 + 8  # obs, action, record, reward, flags, return, length
+        slot = obs + 8 + record + 8 if self.cfg.inference.mode == "central" else 0
         return 2 * row + obs + slot
 
     def write_balanced_config(self, found: dict[str, Any]) -> Path:

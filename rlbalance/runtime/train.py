@@ -98,6 +98,7 @@ def _prepare(cfg: Config) -> tuple[EnvSpec, torch.nn.Module, torch.device]:
     agent = registry.get(cfg.learner.agent)
     model = registry.build_model(cfg.learner, spec)  # an observation shape the model cannot take fails here
     agent.check(cfg, spec)
+    registry.step_record(cfg, spec)  # (an agent whose record cannot be carried is refused here too)
     launched = launched_by_torchrun()
     if launched is not None and (not cfg.ddp or cfg.learner.devices != launched[1]):
         raise ConfigError(f"learner.devices={cfg.learner.devices}: launched as one of {launched[1]} processes "

@@ -29,7 +29,10 @@ def _check_trained(s: dict) -> None:
     assert s["steps"] >= 6_000 and s["updates"] >= 6_000 // (20 * 8)
     tel = json.loads((Path(s["run_dir"]) / "telemetry.json").read_text())
     # what the actors recorded is what the net gave at those weights (one net, one interface, on every path)
-    assert tel["toy"]["updates"] == s["updates"] and tel["toy"]["max_logit_gap"] < 1e-4
+    # (the toy's own per-step record: scores, a float64 log-probability and a float16 temperature, each env's own)
+    toy = tel["toy"]
+    assert toy["updates"] == s["updates"] and toy["max_logit_gap"] < 1e-4 and toy["max_logp_gap"] < 1e-4, toy
+    assert toy["max_temperature_gap"] == 0.0
     ckpt = registry.get(TOY)  # the registry now holds it by that name
     assert isinstance(ckpt, Agent) and ckpt.name == "reinforce"
 
@@ -42,9 +45,30 @@ def test_a_test_agent_trains_on_the_local_runners(cfg_factory, mode, inference):
 
 
 @pytest.mark.slow
-def test_a_test_agent_trains_with_ray_actors(cfg_factory):
+@pytest.mark.parametrize("inference", ["central", "actor"])
+def test_a_test_agent_trains_with_ray_actors(cfg_factory, inference):
     pytest.importorskip("ray")
-    _check_trained(train(_toy(cfg_factory, "toy-ray", ray={"address": "local", "num_cpus": 2})))
+    _check_trained(train(_toy(cfg_factory, f"toy-ray-{inference}", ray={"address": "local", "num_cpus": 2},
+                              inference={"mode": inference})))
+
+
+def test_a_step_record_that_takes_a_transition_name_or_declares_nothing_is_refused(cfg_factory, monkeypatch):
+    from rlbalance.agents.base import StepField
+    from rlbalance.envs.batch import probe_spec
+
+    cfg = _toy(cfg_factory, "toy-refused")
+    spec = probe_spec(cfg.env)
+    agent = registry.get(TOY)
+    assert set(registry.step_record(cfg, spec)) == {"scores", "logp", "temperature"}
+    monkeypatch.setattr(type(agent), "step_record", lambda self, c, s: {"reward": StepField(())})
+    with pytest.raises(C.ConfigError, match="learner.agent=.*'reward' is taken by the transition"):
+        registry.step_record(cfg, spec)
+    monkeypatch.setattr(type(agent), "step_record", lambda self, c, s: {})
+    with pytest.raises(C.ConfigError, match="declares no field"):
+        registry.step_record(cfg, spec)
+    monkeypatch.setattr(type(agent), "step_record", lambda self, c, s: {"x": (3,)})
+    with pytest.raises(C.ConfigError, match="StepField"):
+        registry.step_record(cfg, spec)
 
 
 def test_a_test_agent_resumes(cfg_factory):

@@ -178,8 +178,9 @@ def test_dueling_head_and_epsilon_greedy_actions():
     net = R2D2Net((3,), 4, hidden_sizes=(16,), core_size=8)
     obs, state = torch.randn(200, 3), net.initial_state(200)
     first = torch.ones(200, dtype=torch.bool)
-    greedy, q, state_in, _ = net.act_recurrent(obs, state, first, None, torch.zeros(200))
-    assert torch.equal(greedy, q.argmax(-1)) and torch.count_nonzero(state_in) == 0
+    greedy, out, state_in, _ = net.act_recurrent(obs, state, first, None, torch.zeros(200))
+    assert set(out) == {"q"} and torch.equal(greedy, out["q"].argmax(-1)) and torch.equal(greedy, net.mode(out))
+    assert torch.count_nonzero(state_in) == 0
     random, _, _, _ = net.act_recurrent(obs, state, first, torch.Generator().manual_seed(1), torch.ones(200))
     assert (random != greedy).float().mean() > 0.5  # epsilon 1: uniform over 4 actions
     h = torch.randn(5, 8)
@@ -285,7 +286,7 @@ def _unroll_batch(t, k, clients, unrolls, start_rows, obs_dim=2, cut_at=()):
     for row, col in cut_at:
         done[row, col] = True
     return {"obs": obs, "action": obs[..., 0].long() % 3, "reward": obs[..., 0].clone(), "done": done,
-            "logits": obs[..., :1].repeat(1, 1, 3) * torch.tensor([1.0, 2.0, 3.0]),
+            "q": obs[..., :1].repeat(1, 1, 3) * torch.tensor([1.0, 2.0, 3.0]),
             "truncated": torch.zeros_like(done), "core": torch.stack([torch.full((4,), float(s))
                                                                       for s in start_rows for _ in range(k)]),
             "client": torch.tensor(clients), "unroll": torch.tensor(unrolls)}
@@ -471,7 +472,7 @@ def test_the_agent_puts_new_sequences_in_at_the_asked_priority(cfg_factory, init
         batch = _unroll_batch(t, k, [0], [u], [u * t], obs_dim=spec.obs_shape[0], cut_at=[(2, 0)] if u == 2 else ())
         batch["reward"] = torch.sin(batch["reward"] * (1 + torch.arange(k)))  # (envs that differ)
         batch["core"] = torch.zeros(k, agent.model.state_size)
-        batch["logits"] = batch["logits"][..., :spec.num_actions] * torch.cos(torch.arange(k))[:, None]
+        batch["q"] = batch["q"][..., :spec.num_actions] * torch.cos(torch.arange(k))[:, None]
         batch["action"] = batch["action"] % spec.num_actions
         zeros = torch.zeros(t + 1, k)
         agent.train({**batch, "ep_end": zeros.bool(), "ep_return": zeros, "ep_length": zeros})

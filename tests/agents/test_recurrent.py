@@ -36,9 +36,9 @@ def test_a_sequence_pass_equals_the_steps_the_policy_took_with_resets():
         state = torch.randn(n, model.state_size)  # a state carried over from the previous unroll
         stepped, start = [], None
         for t in range(t1):
-            _, params, state_in, state = model.act_recurrent(obs[t], state, first[t] if t else torch.zeros(n, dtype=bool))
+            _, out, state_in, state = model.act_recurrent(obs[t], state, first[t] if t else torch.zeros(n, dtype=bool))
             start = state_in if t == 0 else start
-            stepped.append(params)
+            stepped.append(out["logits"])
         start = start.clone()  # (a normal tensor, as the learner's batch holds)
         params, values, states = model(obs, start, first)
         assert torch.allclose(params, torch.stack(stepped), atol=1e-4)

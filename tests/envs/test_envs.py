@@ -141,6 +141,7 @@ def test_pong_unrolls_line_up(backend):
     from rlbalance.envs.batch import EnvBatch
     from rlbalance.runtime.actor import Rollout
     from rlbalance.runtime.buffers import RolloutBuffers
+    from rlbalance.agents.base import StepField
 
     cfg = C.build({"env": {"id": "ALE/Pong-v5", "backend": backend}})
     envs = EnvBatch(cfg.env, 2, 0)
@@ -149,13 +150,13 @@ def test_pong_unrolls_line_up(backend):
         core_in = None
 
         def request(self, obs, first):
-            self.answer = (rng.integers(0, 6, len(obs)), np.zeros((len(obs), 6), np.float32), 0)
+            self.answer = (rng.integers(0, 6, len(obs)), {"logits": np.zeros((len(obs), 6), np.float32)}, 0)
 
         def receive(self):
             return self.answer
 
     rollout = Rollout(envs, RandomPolicy())
-    bufs = RolloutBuffers.allocate(2, 30, 2, envs.spec, shared=False)
+    bufs = RolloutBuffers.allocate(2, 30, 2, envs.spec, shared=False, record={"logits": StepField((6,))})
     for j in range(2):
         rollout.fill(bufs.view(j))
     envs.close()

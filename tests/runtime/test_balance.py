@@ -162,7 +162,7 @@ def _pool(cfg, active):
     model = registry.build_model(cfg.learner, spec)
     sh = ActorShared(
         buffers=RolloutBuffers.allocate(cfg.num_buffers, cfg.learner.unroll_length, cfg.actors.envs_per_actor, spec,
-                                        shared=True),
+                                        shared=True, record=registry.step_record(cfg, spec)),
         stop=torch.zeros(1, dtype=torch.uint8).share_memory_(),
         heartbeat=torch.zeros(cfg.actors.num_actors, dtype=torch.float64).share_memory_(),
         slots=None, weights=SharedWeights.allocate(model))

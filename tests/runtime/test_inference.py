@@ -8,6 +8,7 @@ import psutil
 import torch
 
 from rlbalance import config as C
+from rlbalance.agents.base import StepField
 from rlbalance.agents.registry import build_model
 from rlbalance.envs.batch import EnvSpec
 from rlbalance.runtime.buffers import StepSlots
@@ -26,7 +27,7 @@ def test_the_server_thread_starts_no_thread_pool_of_its_own():
     torch.set_num_threads(1)
     try:
         model = build_model(C.LearnerConfig(hidden_sizes=(256, 256)), spec)
-        slots = StepSlots.allocate(clients, k, spec, shared=False)
+        slots = StepSlots.allocate(clients, k, spec, shared=False, record={"logits": StepField((4,))})
         slots.obs.uniform_()
         server_end, actor_end = Pipe()
         server = InferenceServer(model, slots, [server_end], torch.device("cpu"), k, max_batch=0, max_wait_ms=0.0,

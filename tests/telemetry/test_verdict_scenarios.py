@@ -63,16 +63,16 @@ class _SliceHead(torch.nn.Module):
     @torch.inference_mode()
     def act(self, obs, generator=None, explore=None):  # (the net interface: see rlbalance.agents.base)
         logits = self.head(obs[:, :4])
-        return logits.argmax(dim=-1), logits
+        return logits.argmax(dim=-1), {"logits": logits}
 
 
 def _serve(model, obs_dim: int, clients: int = 4, k: int = 4, seconds: float = 3.0) -> dict:
     """The real inference server on shared-memory slots, with ``clients`` free actors (threads that ask for actions
     as soon as they have them): the stage shares of the server and of the actors after a warm-up."""
     slots = StepSlots(obs=torch.rand(clients, k, obs_dim).share_memory_(),
-                      action=torch.zeros(clients, k, dtype=torch.int64), logits=torch.zeros(clients, k, 4),
+                      action=torch.zeros(clients, k, dtype=torch.int64),
                       version=torch.zeros(clients, dtype=torch.int64), first=torch.zeros(clients, k, dtype=torch.bool),
-                      core_in=torch.zeros(clients, k, 0))
+                      core_in=torch.zeros(clients, k, 0), record={"logits": torch.zeros(clients, k, 4)})
     pairs = [Pipe() for _ in range(clients)]
     server = InferenceServer(model, slots, [a for a, _ in pairs], torch.device("cpu"), k, max_batch=0,
                              max_wait_ms=0.0, model_lock=threading.Lock(), version_fn=lambda: 0, seed=0)
@@ -146,7 +146,7 @@ def test_the_server_split_between_copies_and_forward_passes_decides_transfer_or_
         @torch.inference_mode()
         def act(self, o, generator=None, explore=None):
             logits = self.net(o)
-            return logits.argmax(dim=-1), logits
+            return logits.argmax(dim=-1), {"logits": logits}
 
     v = decide(transfer, central=True)
     assert v["verdict"] == "transfer-bound", (v, transfer)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from rlbalance.agents.base import Agent, LearnerBase, learning_rate, shape_rewards
+from rlbalance.agents.base import Agent, LearnerBase, StepField, learning_rate, shape_rewards
 from rlbalance.agents.nets import check_cnn_shape, load_optimizer, resolve_model
 from rlbalance.agents.r2d2.algo import env_epsilons, initial_priorities
 from rlbalance.agents.r2d2.learner import R2D2Learner, R2D2Settings
@@ -274,8 +274,12 @@ class R2D2(Agent):
         return R2D2Agent(net, cfg, device, spec.obs_shape, spec.obs_dtype, step_lock=step_lock,
                          distributed=distributed)
 
-    def exploration(self, cfg) -> np.ndarray:
-        return env_epsilons(cfg)
+    def step_record(self, cfg, spec) -> dict[str, StepField]:
+        # the Q-values each action was chosen by: a sequence's first priority is taken from them (see replay)
+        return {"q": StepField((spec.num_actions,))}
+
+    def acting_values(self, cfg) -> np.ndarray:
+        return env_epsilons(cfg)  # each env's exploration rate on the ladder
 
     def short_run(self, cfg) -> dict:
         b = cfg.r2d2.batch_size  # the learner trains from the first batch of sequences on, on a replay of one batch

@@ -30,9 +30,7 @@ class R2D2Net(nn.Module):
         head_in = core_size or out
         self.core_size, self.num_actions = core_size, num_actions
         self.state_size = 2 * core_size
-        # What the buffers' "logits" rows hold for this agent: the Q-values of the step (a Discrete space's
-        # parameters, so evaluation's greedy action, the mode, is argmax Q).
-        self.action = ActionSpec.discrete(num_actions)
+        self.action = ActionSpec.discrete(num_actions)  # (the actions' shape and dtype, as the buffers store them)
         self.value = nn.Linear(head_in, 1)
         self.advantage = nn.Linear(head_in, num_actions)
 
@@ -68,10 +66,10 @@ class R2D2Net(nn.Module):
     @torch.inference_mode()
     def act_recurrent(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor,
                       generator: torch.Generator | None = None, explore: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """Epsilon-greedy actions for N envs (``explore`` [N], each env's own epsilon; None: greedy), as the runners
-        call a recurrent policy. Returns (actions, Q-values, the state the step started from (reset where
-        ``first``), the state after it)."""
+        call a recurrent policy. Returns (actions, the step's record ``{"q": Q-values}``, the state the step started
+        from (reset where ``first``), the state after it)."""
         state_in = state * (~first).to(state.dtype).view(-1, 1)
         q, state_out = self._step(self._features(obs), state_in)
         actions = q.argmax(dim=-1)
@@ -79,11 +77,16 @@ class R2D2Net(nn.Module):
             roll = torch.rand(q.shape[0], generator=generator, device=q.device) < explore
             random = torch.randint(0, self.num_actions, (q.shape[0],), generator=generator, device=q.device)
             actions = torch.where(roll, random, actions)
-        return actions, q, state_in, state_out
+        return actions, {"q": q}, state_in, state_out
+
+    @staticmethod
+    def mode(out: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The greedy action of a step's record: argmax Q (what evaluation plays)."""
+        return out["q"].argmax(dim=-1)
 
     @torch.inference_mode()
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None, explore: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Actions from an episode's start state (greedy without ``explore``: what a profile or calibration times)."""
         first = torch.ones(obs.shape[0], dtype=torch.bool, device=obs.device)
         actions, q, _, _ = self.act_recurrent(obs, self.initial_state(obs.shape[0], obs.device), first, generator,

@@ -208,7 +208,7 @@ class SequenceAssembler:
         cut = batch["done"].numpy() | truncated  # a time limit also ends the trace (and its return bootstraps)
         final_obs = batch.get("final_obs")
         core = batch["core"].numpy()
-        q = batch["logits"].numpy()  # the Q-values each action was chosen by
+        q = batch["q"].numpy()  # the Q-values each action was chosen by
         clients, unrolls = batch["client"].tolist(), batch["unroll"].tolist()
         n_buf = len(clients)
         k = action.shape[1] // n_buf

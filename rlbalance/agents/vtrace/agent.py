@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from rlbalance.agents.base import Agent
+from rlbalance.agents.base import Agent, StepField
 from rlbalance.agents.nets import ObsNorm, check_cnn_shape, mlp, nature_cnn, resolve_model
 from rlbalance.agents.vtrace.learner import Learner
 from rlbalance.agents.vtrace.model import ActorCritic
@@ -24,6 +24,11 @@ class VTrace(Agent):
         check_cnn_shape(spec)
         torso, out = nature_cnn(spec.obs_shape[0], spec.obs_shape[1])
         return ActorCritic(torso, out, spec.action, core_size=cfg.core_units)
+
+    def step_record(self, cfg, spec) -> dict[str, StepField]:
+        # the behaviour policy's parameters of each step (a Discrete space's logits, a Box space's mean and log std):
+        # V-trace's importance ratios are taken against them
+        return {"logits": StepField((spec.num_actions,))}
 
     def make_learner(self, net, cfg, spec, device, step_lock=None, distributed: bool = False) -> Learner:
         return Learner(net, cfg.learner, device, cfg.run.total_steps, step_lock=step_lock, distributed=distributed)

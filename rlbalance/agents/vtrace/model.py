@@ -79,16 +79,21 @@ class ActorCritic(nn.Module):
 
     @torch.inference_mode()
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None, explore: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample actions (the policy explores by itself: ``explore`` is unused); returns (actions [N] or [N, dim], policy parameters [N, P]). The value head is not
+            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Sample actions (the policy explores by itself: ``explore`` is unused); returns (actions [N] or [N, dim], the
+        step's record ``{"logits": policy parameters [N, P]}``). The value head is not
         evaluated. A recurrent model acts from the state at an episode's start (its stepping is ``act_recurrent``)."""
         if self.core is not None:
             first = torch.ones(obs.shape[0], dtype=torch.bool, device=obs.device)
-            actions, params, _, _ = self.act_recurrent(obs, self.initial_state(obs.shape[0], obs.device), first,
+            actions, out, _, _ = self.act_recurrent(obs, self.initial_state(obs.shape[0], obs.device), first,
                                                        generator)
-            return actions, params
+            return actions, out
         params = self._params(self._policy_features(self._prep(obs)))
-        return self.action.sample(params, generator), params
+        return self.action.sample(params, generator), {"logits": params}
+
+    def mode(self, out: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The greedy action of a step's record: the mode of the policy (what evaluation plays when asked)."""
+        return self.action.mode(out["logits"])
 
     @property
     def recurrent(self) -> bool:
@@ -110,14 +115,15 @@ class ActorCritic(nn.Module):
     @torch.inference_mode()
     def act_recurrent(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor,
                       generator: torch.Generator | None = None, explore: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """One step of a recurrent policy for N envs: ``state`` [N, state_size] their core states after the last
         step, ``first`` [N] bool whether ``obs`` starts an episode (the state is reset to zeros there). Returns
-        (actions, policy parameters, the state this step started from (after the reset), the state after it)."""
+        (actions, the step's record ``{"logits": policy parameters}``, the state this step started from (after the
+        reset), the state after it)."""
         state_in = state * (~first).to(state.dtype).view(-1, 1)
         h, state_out = self._policy_step(obs, state_in)
         params = self._params(h)
-        return self.action.sample(params, generator), params, state_in, state_out
+        return self.action.sample(params, generator), {"logits": params}, state_in, state_out
 
     def forward_sequence(self, obs: torch.Tensor, state0: torch.Tensor, first: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
