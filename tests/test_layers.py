@@ -51,3 +51,14 @@ def test_only_agents_config_cli_and_bench_name_an_agent():
         if hits:
             named[str(rel)] = hits
     assert not named, named
+
+
+def test_no_runtime_module_names_an_agents_per_step_fields():
+    """The runtime moves what an agent declares (Agent.step_record, Agent.acting_values) and names none of it."""
+    named = {}
+    for p in (PKG / "runtime").rglob("*.py"):
+        hits = [i + 1 for i, line in enumerate(p.read_text().splitlines())
+                if re.search(r"\b(logits|explore|exploration|epsilons?)\b", line, re.I)]
+        if hits:
+            named[str(p.relative_to(PKG))] = hits
+    assert not named, named

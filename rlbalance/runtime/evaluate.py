@@ -24,7 +24,8 @@ from rlbalance.config import EnvConfig
 from rlbalance.core.errors import ConfigError
 from rlbalance.core.jsonio import atomic_write_json
 from rlbalance.envs.batch import EnvBatch, probe_spec
-from rlbalance.runtime.actor import client_seed, net_step
+from rlbalance.runtime.actor import client_seed
+from rlbalance.runtime.policies import net_step
 from rlbalance.runtime.devices import resolve_device
 from rlbalance.runtime.rundir import RunDir
 

@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection, wait
 import torch
 
 from rlbalance.core.timing import StageTimer
-from rlbalance.runtime.actor import EnvStates
+from rlbalance.runtime.policies import EnvStates
 from rlbalance.runtime.buffers import StepSlots
 
 

@@ -14,19 +14,12 @@ from rlbalance.agents import registry
 from rlbalance.config import Config
 from rlbalance.core.cpuinfo import usable_cpus
 from rlbalance.envs.batch import EnvBatch, EnvSpec
-from rlbalance.runtime.actor import (
-    ActorShared,
-    DirectPolicy,
-    LocalModel,
-    Rollout,
-    acting_values,
-    client_seed,
-    group_values,
-)
+from rlbalance.runtime.actor import ActorShared, Rollout, client_seed
 from rlbalance.runtime.actor_pool import ActorPool
 from rlbalance.runtime.balance import Balancer, ProcessCpu
 from rlbalance.runtime.buffers import RolloutBuffers, SharedWeights, StepSlots
 from rlbalance.runtime.inference import InferenceServer
+from rlbalance.runtime.policies import DirectPolicy, LocalModel, acting_values, group_values
 from rlbalance.runtime.roles import FaultLedger, RunSession, learn
 from rlbalance.telemetry.balance_model import Layout
 

@@ -36,7 +36,8 @@ from rlbalance.agents.base import LearnerBase
 from rlbalance.config import Config
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
-from rlbalance.runtime.actor import EnvStates, UnrollWriter, acting_values, unroll_base
+from rlbalance.runtime.actor import UnrollWriter, unroll_base
+from rlbalance.runtime.policies import EnvStates, acting_values
 from rlbalance.runtime.actor_pool import START_TIMEOUT_S
 from rlbalance.runtime.buffers import RolloutBuffers
 from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect, worker_class

@@ -16,7 +16,8 @@ from rlbalance.agents import registry
 from rlbalance.config import Config
 from rlbalance.core.errors import ConfigError
 from rlbalance.core.timing import StageTimer
-from rlbalance.runtime.actor import DirectPolicy, Rollout, acting_values, client_seed, group_values, unroll_base
+from rlbalance.runtime.actor import Rollout, client_seed, unroll_base
+from rlbalance.runtime.policies import DirectPolicy, acting_values, group_values
 from rlbalance.runtime.buffers import RolloutBuffers
 
 _RETRY_S = 0.5  # how often a restarting actor is asked again
