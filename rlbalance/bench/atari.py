@@ -22,14 +22,17 @@ from pathlib import Path
 GAMES = ("Pong", "Breakout", "BeamRider", "SpaceInvaders", "Qbert")
 
 # Mean episode return at 10M frames (2.5M agent steps at frameskip 4) in published runs, read off their curves or
-# logs (issue 29 lists them): (value, who). The same preset for every game, but for SpaceInvaders' own settings over it
-# (presets.ATARI_GAME_PRESETS, with the measured reason).
+# logs (issue 29 lists them): (value, who). The same preset for every game: a game tuned apart is an example config
+# (TUNED), whose run the table shows beside the preset's, labelled as tuned.
 # Where they come from (checked 2026-12-07): CleanRL's and RLlib's tables are at 10M agent steps = 40M frames, so
 # each anchor is its curve at x = 2.5M steps. RLlib IMPALA: one 2018 run per game, ray-project/rl-experiments
 # atari-impala progress.csv, episode_reward_mean (Breakout 72 at 2.55M steps, BeamRider 566, SpaceInvaders 400,
 # Qbert 850). CleanRL PQN (pqn_atari_envpool.py, 3 seeds, episodic life, full-game returns): read off its docs'
 # plot, SpaceInvaders ~540, BeamRider ~2,450 with a wide seed band (~1,840 on the plot of its first version),
 # Breakout ~50. CleanRL PPO: the 2022 docs plots of ppo_atari.py (Breakout ~60, BeamRider ~700).
+#: games with a run tuned apart: the example config it was made with (its run: OUT/GAME-tuned/curve.json)
+TUNED: dict[str, str] = {"SpaceInvaders": "examples/spaceinvaders-tuned.toml"}
+
 ANCHORS: dict[str, list[tuple[float, str]]] = {
     "Pong": [(16.5, "CleanRL PPO")],
     "Breakout": [(60.0, "CleanRL PPO"), (72.0, "RLlib IMPALA, 32 workers"), (50.0, "CleanRL PQN")],
@@ -93,68 +96,51 @@ def write_table(out: Path, games: tuple[str, ...] = GAMES) -> dict:
     frames it reached beside ours."""
     from rlbalance.core.jsonio import atomic_write_json
 
-    rows, curves = [], {}  # curves: game -> (ours, the peer's or None), for the figure
+    rows, curves = [], []  # curves: (ours, the peer's or None) per row, for the figure
     for game in games:
-        path = out / game / "curve.json"
-        if not path.is_file():
-            continue
-        r = json.loads(path.read_text())
-        anchors = ANCHORS.get(game, [])
-        best = max(anchors, default=None)
-        final = r["final_return_last100"]
         peer_path = out.parent / "atari-peer" / game / "curve.json"
         peer = json.loads(peer_path.read_text()) if peer_path.is_file() else None
-        curves[game] = (r["curve"], peer["curve"] if peer else None)
-        rows.append({"game": game, "seed": r["seed"], "frames": r["frames"], "final_return_last100": final,
-                     "best_return_last100": r["best_return_last100"], "wall_minutes": r["wall_minutes"],
-                     "fps_median": r["fps_median"], "outcome": r["outcome"],
-                     "anchors": [{"value": v, "source": s} for v, s in anchors],
-                     "best_anchor": {"value": best[0], "source": best[1]} if best else None,
-                     "at_or_above_best": (final is not None and best is not None and final >= best[0]),
-                     "peer": {k: peer[k] for k in ("seed", "frames", "final_return_last100", "wall_minutes",
-                                                   "fps_median", "outcome")} if peer else None,
-                     "own_settings": _own_settings(game, r)})
+        for folder, setting in ((game, "preset"), (f"{game}-tuned", f"tuned: {TUNED.get(game, '?')}")):
+            path = out / folder / "curve.json"
+            if not path.is_file():
+                continue
+            r = json.loads(path.read_text())
+            anchors = ANCHORS.get(game, [])
+            best = max(anchors, default=None)
+            final = r["final_return_last100"]
+            curves.append((r["curve"], peer["curve"] if peer else None))
+            rows.append({"game": game, "setting": setting, "seed": r["seed"], "frames": r["frames"],
+                         "final_return_last100": final, "best_return_last100": r["best_return_last100"],
+                         "wall_minutes": r["wall_minutes"], "fps_median": r["fps_median"], "outcome": r["outcome"],
+                         "anchors": [{"value": v, "source": s} for v, s in anchors],
+                         "best_anchor": {"value": best[0], "source": best[1]} if best else None,
+                         "at_or_above_best": (final is not None and best is not None and final >= best[0]),
+                         "peer": {k: peer[k] for k in ("seed", "frames", "final_return_last100", "wall_minutes",
+                                                       "fps_median", "outcome")} if peer else None})
     doc = {"benchmark": "atari", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "games": rows}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "atari.json", doc)
     lines = ["# Atari with the Atari preset against published figures at the same frames", "",
              "Mean return of the last 100 games (sticky actions off, as the preset has them). Anchors: published "
-             "runs at 10M frames (rlbalance/bench/atari.py names them).", "",
-             "| game | seed | frames | final last-100 | best last-100 | anchors at 10M frames | at or above the best |"
-             " wall time (min) | median FPS | PPO-EnvPool peer, this machine |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "runs at 10M frames (rlbalance/bench/atari.py names them). Each game's headline row is the Atari "
+             "preset, one setting for every game; a row marked *tuned* is that game run with an example config "
+             "over the preset (the file named), not the preset's result.", "",
+             "| game | setting | seed | frames | final last-100 | best last-100 | anchors at 10M frames |"
+             " at or above the best | wall time (min) | median FPS | PPO-EnvPool peer, this machine |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         anchors = "; ".join(f"{a['value']:g} ({a['source']})" for a in r["anchors"]) or "-"
         mark = "yes" if r["at_or_above_best"] else "no"
-        lines.append(f"| {r['game']} | {r['seed']} | {r['frames'] / 1e6:.2f}M | {_f(r['final_return_last100'])} | "
-                     f"{_f(r['best_return_last100'])} | {anchors} | {mark} | {r['wall_minutes']:.0f} | "
-                     f"{_f(r['fps_median'], 0)} | {_peer(r['peer'])} |")
-    for r in rows:
-        own = r["own_settings"]
-        if own:
-            said = ", ".join(f"{k}={v}" for k, v in own["settings"].items())
-            lines += ["", f"{r['game']}: its own settings over the preset ({said}; the reason: "
-                      f"`ATARI_GAME_PRESETS` in rlbalance/config/presets.py); "
-                      + ("this run has them." if own["run_has_them"] else "**this run predates them**.")]
+        tuned = r["setting"] != "preset"
+        game = f"{r['game']}, *tuned*" if tuned else f"**{r['game']}**"
+        setting = f"`{r['setting'].removeprefix('tuned: ')}`" if tuned else "Atari preset"
+        lines.append(f"| {game} | {setting} | {r['seed']} | {r['frames'] / 1e6:.2f}M | "
+                     f"{_f(r['final_return_last100'])} | {_f(r['best_return_last100'])} | {anchors} | {mark} | "
+                     f"{r['wall_minutes']:.0f} | {_f(r['fps_median'], 0)} | {_peer(r['peer'])} |")
     (out / "atari.md").write_text("\n".join(lines) + "\n")
     if rows:
         _plot(out, rows, curves)
     return doc
-
-
-def _own_settings(game: str, curve: dict) -> dict | None:
-    """A game's own settings over the Atari preset for the run's agent (None where it has none), and whether the run
-    (its curve file's recorded config) has them."""
-    from rlbalance.config.presets import game_layer
-
-    own = game_layer("atari", env_id(game), curve.get("agent", "vtrace"))
-    if not own:
-        return None
-    recorded = {"env": curve.get("env_config") or {}, "actors": curve.get("actors") or {},
-                "learner": curve.get("learner") or {}}
-    flat = {f"{sec}.{k}": v for sec, vals in own.items() for k, v in vals.items()}
-    return {"settings": flat, "run_has_them": all(recorded.get(sec, {}).get(k) == v
-                                                  for sec, vals in own.items() for k, v in vals.items())}
 
 
 def return_at(curve: list[dict], frames: float) -> float | None:
@@ -204,15 +190,10 @@ def compare_with(out: Path, against: Path, games: tuple[str, ...] = GAMES) -> di
 
 
 def _label(overrides: dict | None, game: str = "") -> str:
-    """A run's settings as changes from what ``bench atari`` runs for its game now (the preset, and the game's own
-    settings over it where it has some)."""
+    """A run's settings as changes from what ``bench atari`` runs for its game now (the preset)."""
     if overrides is None:
         return "?"
-    from rlbalance.config.presets import game_layer
-
-    own = game and game_layer("atari", env_id(game), "vtrace")
-    base = f"the preset with the {game} settings" if own else "the preset"
-    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or base
+    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "the preset"
 
 
 def _overrides(folder: Path, game: str, seed: int) -> dict | None:
@@ -250,8 +231,7 @@ def _plot(out: Path, rows: list[dict], curves: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(rows), figsize=(3.4 * len(rows), 3.2), squeeze=False)
-    for ax, r in zip(axes[0], rows):
-        ours, peer_curve = curves[r["game"]]
+    for ax, r, (ours, peer_curve) in zip(axes[0], rows, curves):
         pts = [(c["frames"] / 1e6, c["return"]) for c in ours if c["return"] is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color="C0", label="rlbalance")
         if peer_curve:
@@ -259,7 +239,8 @@ def _plot(out: Path, rows: list[dict], curves: dict) -> None:
             ax.plot([p[0] for p in peer], [p[1] for p in peer], color="C7", label="PPO-EnvPool peer, this machine")
         for i, a in enumerate(r["anchors"]):
             ax.axhline(a["value"], color=f"C{i + 1}", ls="--", lw=0.9, label=a["source"])
-        ax.set_title(f"{r['game']} (seed {r['seed']})", fontsize=9)
+        tuned = "" if r["setting"] == "preset" else ", tuned"
+        ax.set_title(f"{r['game']}{tuned} (seed {r['seed']})", fontsize=9)
         ax.set_xlabel("frames (millions)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
                                 "folder of another bench atari (e.g. bench/results/atari)")
         doc = write_table(out / "atari", games) if args.table_only else run_games(games, args.frames, args.seed,
                                                                                     out / "atari", extra=extra)
-        print(f"wrote {out / 'atari' / 'atari.md'} ({len(doc['games'])} games)")
+        print(f"wrote {out / 'atari' / 'atari.md'} ({len(doc['games'])} rows)")
         if against is not None:
             from rlbalance.bench.atari import compare_with
 

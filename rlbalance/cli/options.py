@@ -60,19 +60,16 @@ def _shown(value) -> str:
 def default_text(sec: str, name: str, default) -> str:
     """What a run uses for a field: the preset's value where the preset of a plain run (CartPole-v1: classic) or
     another family's sets it, else the field's default."""
-    from rlbalance.config.presets import ATARI_GAME_PRESETS, PRESETS, resolve
+    from rlbalance.config.presets import PRESETS, resolve
 
     plain = resolve("auto", C.EnvConfig.id)
     by_preset = {k: v[sec][name] for k, v in PRESETS.items() if name in v.get(sec, {})}
-    games = [f"{_shown(v[sec][name])} for {game} with the atari preset" + ("" if agent == C.LearnerConfig.agent
-                                                                          else f" and learner.agent={agent}")
-             for (agent, game), v in ATARI_GAME_PRESETS.items() if name in v.get(sec, {})]
-    if not by_preset and not games:
+    if not by_preset:
         return f"default: {_shown(default)}"
     first = (f"{_shown(by_preset[plain])} in a plain run ({plain} preset, {C.EnvConfig.id})" if plain in by_preset
              else f"{_shown(default)} in a plain run ({C.EnvConfig.id})")
     others = [f"{_shown(v)} with the {k} preset" for k, v in by_preset.items() if k != plain]
-    return "; ".join([first, *others, *games, f"{_shown(default)} otherwise"])
+    return "; ".join([first, *others, f"{_shown(default)} otherwise"])
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:

@@ -167,51 +167,16 @@ AGENT_FAMILY_PRESETS[("r2d2", "atari")] = {
 }
 
 
-# One Atari game's own settings for one agent, over the family's and the agent's (the Atari preset is one set of
-# settings for every game; a game is here only where the preset fell short of the published runs and the reason was
-# measured). Keyed by the game's name, so ALE/GAME-v5 and GAMENoFrameskip-v4 alike.
-ATARI_GAME_PRESETS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
-    # SpaceInvaders: the rollout and update of CleanRL's PPO (8 envs with rollouts of 128 steps, each batch of 1,024
-    # steps in 4 minibatches of 256 single steps from across it, the clip around the learner's own policy at each
-    # batch's first pass, a lost life ends the episode for learning). The reason: with the preset, SpaceInvaders sat
-    # on a plateau at 240-300 from 1M to 7.5M frames and ended at 393.5 at 10M (seed 1; seed 2 in the same band at
-    # 2M), below CleanRL PQN's ~550 and the PPO-EnvPool peer's 486.4 on the same machine, so the preset, not the game,
-    # held it back. No single setting of the peer lifted it by 2M frames (episodic life, the peer's optimizer steps
-    # per row, unrolls of 80, the proximal clip, step minibatches, the rollout shape alone, the update alone); all of
-    # them together did: 604.1 and 604.5 at 10M frames (seeds 1 and 2), above every anchor. The same settings are not
-    # the preset's, because on Pong they reached 14.4 at 8M frames (seed 1) where the preset reaches +18 at 5.3-6.1M.
-    # bench/results/atari-experiments/ (README, SpaceInvaders-*/, Pong-peerlike/).
-    ("vtrace", "SpaceInvaders"): {
-        "env": {"episodic_life": True},
-        "actors": {"num_actors": 1, "envs_per_actor": 8, "buffers_per_actor": 1},
-        "learner": {"unroll_length": 128, "batch_size": 8, "minibatches": 4, "ppo_clip_reference": "proximal",
-                    "minibatch_split": "steps"},
-    },
-}
-
-
-def atari_game(env_id: str) -> str:
-    """The game an Atari id names ('SpaceInvaders' for ALE/SpaceInvaders-v5 or SpaceInvadersNoFrameskip-v4)."""
-    return env_id.removeprefix("ALE/").partition("-v")[0].removesuffix("NoFrameskip")
-
-
-def game_layer(name: str, env_id: str, agent: str) -> dict[str, dict[str, Any]]:
-    """The settings an Atari game has of its own for ``agent`` over preset ``name`` when that is the Atari preset
-    ({} for most games, and under any other preset)."""
-    return ATARI_GAME_PRESETS.get((agent, atari_game(env_id)), {}) if name == "atari" and is_atari(env_id) else {}
-
-
 def layer_parts(name: str, env_id: str = "", agent: str = "vtrace") -> list[tuple[str, dict[str, dict[str, Any]]]]:
     """The parts of preset ``name``'s layer, lowest first, each named as ``rlbalance config show`` names it: the
-    family's settings, the env's own, the agent's own, the agent's on this family, an Atari game's own for the agent.
-    None under run.preset=none."""
+    family's settings, the env's own, the agent's own, the agent's on this family (one Atari setting for every game:
+    a game tuned apart is an example config file, examples/). None under run.preset=none."""
     if name not in PRESETS:  # run.preset=none: no layer at all, the agent's included (the bare field defaults)
         return []
     env_key = env_id.partition(":")[2] if ":" in env_id else env_id
     parts = [(f"{name} preset", PRESETS[name]), (f"{name} preset: {env_key}'s own", ENV_PRESETS.get(env_key, {})),
              (f"{name} preset: {agent}'s own", AGENT_PRESETS.get(agent, {})),
-             (f"{name} preset: {agent} on {name}", AGENT_FAMILY_PRESETS.get((agent, name), {})),
-             (f"{name} preset: {atari_game(env_id)}'s own for {agent}", game_layer(name, env_id, agent))]
+             (f"{name} preset: {agent} on {name}", AGENT_FAMILY_PRESETS.get((agent, name), {}))]
     return [(label, vals) for label, vals in parts if vals]
 
 

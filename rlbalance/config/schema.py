@@ -279,13 +279,8 @@ def build(overrides: dict[str, dict[str, Any]] | None = None, preset_layer: bool
     name = presets.resolve(name, env_id, imports)  # an unknown name has no layer; RunConfig refuses it by name
     agent = coerce("learner", "agent", (overrides.get("learner") or {}).get("agent", LearnerConfig.agent))
     user, layer = overrides, presets.layer(name, env_id, agent) if preset_layer else {}
-    game = presets.game_layer(name, env_id, agent) if preset_layer else {}
-    # a buffer count given by the user is kept as given (it is checked); so is an Atari game's own, measured with its
-    # layout, while the user leaves that layout alone (otherwise it is fitted to the user's, as the preset's is)
-    layout = (("actors", "num_actors"), ("actors", "env_groups"), ("actors", "envs_per_actor"),
-              ("learner", "batch_size"))
-    user_buffers = "buffers_per_actor" in (overrides.get("actors") or {}) or (
-        "buffers_per_actor" in game.get("actors", {}) and not any(k in (overrides.get(s) or {}) for s, k in layout))
+    # a buffer count given by the user (a config file, the command line) is kept as given (it is checked)
+    user_buffers = "buffers_per_actor" in (overrides.get("actors") or {})
     overrides = merge(layer, overrides, {"run": {"preset": name}})
     try:
         sections = {}
@@ -304,19 +299,12 @@ def build(overrides: dict[str, dict[str, Any]] | None = None, preset_layer: bool
                               + (f" ({hint})" if hint else ""))
         return Config(**sections)
     except ConfigError as e:
-        raise _name_preset_values(e, user, layer, name, game and presets.atari_game(env_id), game) from None
+        raise _name_preset_values(e, user, layer, name) from None
 
 
-def _name_preset_values(e: ConfigError, user: dict, layer: dict, preset: str, game_name: str = "",
-                        game: dict | None = None) -> ConfigError:
+def _name_preset_values(e: ConfigError, user: dict, layer: dict, preset: str) -> ConfigError:
     """``e``, saying which of the values it names the preset set (the user did not: they may not know of them)."""
-    game = game or {}
-
-    def whose(sec: str, field: str) -> str:
-        return (f"the {game_name} setting over the {preset} preset" if field in game.get(sec, {})
-                else f"the {preset} preset's")
-
-    notes = [f"{sec}.{field}={layer[sec][field]!r} is {whose(sec, field)}" for sec, field in
+    notes = [f"{sec}.{field}={layer[sec][field]!r} is the {preset} preset's" for sec, field in
              dict.fromkeys(re.findall(r"\b([a-z0-9_]+)\.([a-z0-9_]+)=", str(e)))
              if field in layer.get(sec, {}) and field not in (user.get(sec) or {})]
     if not notes:

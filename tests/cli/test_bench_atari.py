@@ -3,6 +3,7 @@ published anchors are written, and a rerun leaves a finished run as it is."""
 
 import json
 
+from pathlib import Path
 import pytest
 
 from rlbalance.bench import atari
@@ -18,7 +19,7 @@ def test_bench_atari_trains_writes_the_table_and_resumes_nothing_finished(tmp_pa
     (row,) = doc["games"]
     assert row["game"] == "Breakout" and row["seed"] == 3 and row["frames"] >= 8000
     assert row["best_anchor"] == {"value": 72.0, "source": "RLlib IMPALA, 32 workers"}
-    assert "| Breakout | 3 |" in (out / "atari.md").read_text() and (out / "atari.png").stat().st_size > 0
+    assert "| **Breakout** | Atari preset | 3 |" in (out / "atari.md").read_text() and (out / "atari.png").stat().st_size > 0
     run = out / "runs" / "Breakout-seed3"
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["run"]["preset"] == "atari" and cfg["env"]["sticky_actions"] == 0.0
@@ -38,28 +39,29 @@ def test_table_from_curves_marks_the_games_at_or_above_the_best_anchor(tmp_path)
     doc = atari.write_table(tmp_path, ("Breakout", "Qbert", "BeamRider"))
     marks = {r["game"]: r["at_or_above_best"] for r in doc["games"]}
     assert marks == {"Breakout": True, "Qbert": False}  # BeamRider has no curve yet: no row
-    assert all(r["own_settings"] is None for r in doc["games"])
+    assert all(r["setting"] == "preset" for r in doc["games"])
 
 
-def test_table_says_where_a_game_has_its_own_settings_and_whether_its_run_had_them(tmp_path):
-    """SpaceInvaders has settings of its own over the preset: the table names them, and says whether the run it
-    shows (its curve file's recorded config) was made with them or before them."""
-    si = atari.game_config("SpaceInvaders", 10_000_000, 1, tmp_path).to_dict()
-    bare = atari.game_config("SpaceInvaders", 10_000_000, 1, tmp_path, {"run": {"preset": "none"}}).to_dict()
-    for folder, cfg in (("with", si), ("before", bare)):
-        (tmp_path / folder / "SpaceInvaders").mkdir(parents=True)
-        (tmp_path / folder / "SpaceInvaders" / "curve.json").write_text(json.dumps({
-            "seed": 1, "frames": 10_000_000, "final_return_last100": 600.0, "best_return_last100": 600.0,
-            "wall_minutes": 60.0, "fps_median": 2000.0, "outcome": "completed", "agent": "vtrace",
-            "learner": cfg["learner"], "actors": cfg["actors"], "env_config": cfg["env"],
-            "curve": [{"frames": 10_000_000, "return": 600.0}]}))
-        (row,) = atari.write_table(tmp_path / folder, ("SpaceInvaders",))["games"]
-        own = row["own_settings"]
-        assert own["settings"]["learner.unroll_length"] == 128 and own["settings"]["env.episodic_life"] is True
-        assert own["run_has_them"] is (folder == "with")
-        md = (tmp_path / folder / "atari.md").read_text()
-        assert "SpaceInvaders: its own settings over the preset (" in md and "learner.unroll_length=128" in md
-        assert ("predates them" in md) is (folder == "before")
+def test_the_headline_row_is_the_preset_and_a_tuned_run_sits_beside_it_labelled(tmp_path):
+    """Issue 45 item 5: each game's headline row is the Atari preset's run; a run tuned apart (OUT/GAME-tuned, made with
+    the example config TUNED names) is a second row, marked tuned and naming the file, never in the headline's place."""
+    for folder, final in (("SpaceInvaders", 393.5), ("SpaceInvaders-tuned", 604.1), ("Qbert", 4664.8)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "curve.json").write_text(json.dumps({
+            "seed": 1, "frames": 10_000_000, "final_return_last100": final, "best_return_last100": final,
+            "wall_minutes": 60.0, "fps_median": 2000.0, "outcome": "completed",
+            "curve": [{"frames": 10_000_000, "return": final}]}))
+    rows = atari.write_table(tmp_path, ("SpaceInvaders", "Qbert"))["games"]
+    assert [(r["game"], r["setting"], r["final_return_last100"]) for r in rows] == [
+        ("SpaceInvaders", "preset", 393.5), ("SpaceInvaders", "tuned: examples/spaceinvaders-tuned.toml", 604.1),
+        ("Qbert", "preset", 4664.8)]
+    assert [r["at_or_above_best"] for r in rows] == [False, True, True]  # (best SpaceInvaders anchor: ~550)
+    md = (tmp_path / "atari.md").read_text().splitlines()
+    si = [line for line in md if line.startswith("| **SpaceInvaders**") or line.startswith("| SpaceInvaders, *tuned*")]
+    assert len(si) == 2 and "Atari preset | 1 | 10.00M | 393.5" in si[0]
+    assert "`examples/spaceinvaders-tuned.toml`" in si[1] and "604.1" in si[1]
+    assert (tmp_path / "atari.png").is_file()
+    assert Path(atari.TUNED["SpaceInvaders"]).name in {p.name for p in (Path(__file__).parents[2] / "examples").iterdir()}
 
 
 def test_an_override_applies_on_top_of_the_preset_and_a_bad_one_stops_before_any_run(tmp_path, capsys):

@@ -147,60 +147,53 @@ def test_preset_buffer_count_follows_the_actor_layout_a_user_gives():
         C.build({"env": {"id": "ALE/Pong-v5"}, "actors": {"buffers_per_actor": -1}})
 
 
-def test_an_atari_games_own_settings_sit_over_the_preset_for_its_agent_only():
-    """SpaceInvaders' own settings (the PPO rollout and update it needs, with their measured reason in presets.py)
-    come over the Atari preset for the V-trace agent, under both of its ids; not for another game, not for R2D2, not
-    without the preset, and a user's own value beats them. Its buffer count is kept as measured (one batch in all)."""
-    from rlbalance.config.presets import ATARI_GAME_PRESETS, PRESETS
+def test_one_atari_setting_for_every_game_and_the_tuned_game_is_an_example_config():
+    """Issue 45 item 5: the Atari preset is one setting for every game (no game layer), for each agent; SpaceInvaders'
+    tuned settings are an example config file a user passes, which gives them whole (its one buffer per actor kept as
+    given, as a user's value is) and whose layout, changed on top, is checked by its field."""
+    from pathlib import Path
 
-    own = ATARI_GAME_PRESETS[("vtrace", "SpaceInvaders")]
-    for env_id in ("ALE/SpaceInvaders-v5", "SpaceInvadersNoFrameskip-v4"):
-        si = C.build({"env": {"id": env_id}})
-        assert si.run.preset == "atari" and si.env.episodic_life is True
-        assert (si.actors.num_actors, si.actors.envs_per_actor, si.actors.buffers_per_actor) == (1, 8, 1)
-        assert (si.learner.unroll_length, si.learner.batch_size) == (own["learner"]["unroll_length"], 8)
-        assert si.learner.ppo_clip_reference == "proximal" and si.learner.minibatch_split == "steps"
-        assert si.learner.learning_rate == PRESETS["atari"]["learner"]["learning_rate"]  # the rest is the preset's
-    pong = C.build({"env": {"id": "ALE/Pong-v5"}})
-    assert (pong.learner.unroll_length, pong.actors.num_actors, pong.env.episodic_life) == (20, 2, False)
-    r2d2 = C.build({"env": {"id": "ALE/SpaceInvaders-v5"}, "learner": {"agent": "r2d2"}})
-    assert (r2d2.actors.num_actors, r2d2.learner.batch_size, r2d2.env.episodic_life) == (2, 32, False)
-    bare = C.build({"env": {"id": "ALE/SpaceInvaders-v5"}, "run": {"preset": "none"}})
-    assert bare.learner.unroll_length == C.LearnerConfig.unroll_length and bare.env.episodic_life is False
-    mine = C.build({"env": {"id": "ALE/SpaceInvaders-v5", "episodic_life": False},
-                    "learner": {"unroll_length": 64}})
-    assert mine.env.episodic_life is False and mine.learner.unroll_length == 64 and mine.learner.batch_size == 8
+    def setting(cfg):
+        d = cfg.to_dict()
+        d["env"].pop("id")
+        return {k: v for k, v in d.items() if k != "run"}
 
-
-def test_a_games_buffer_count_is_fitted_when_the_user_changes_its_layout_and_errors_name_the_game():
-    """SpaceInvaders' one buffer per actor holds for its own layout (1 actor of 8 envs, batches of 8 unrolls); a user
-    who changes that layout gets the count fitted to theirs, as with the preset's; a bad value names the game."""
-    assert C.build({"env": {"id": "ALE/SpaceInvaders-v5"}}).num_buffers == 1
-    for extra in ({"learner": {"batch_size": 16}}, {"actors": {"envs_per_actor": 4}}, {"actors": {"num_actors": 2}}):
-        cfg = C.build(C.merge({"env": {"id": "ALE/SpaceInvaders-v5"}}, extra))
-        assert cfg.num_buffers > cfg.buffers_per_batch, (extra, cfg.actors)  # a buffer to fill while a batch trains
-    with pytest.raises(C.ConfigError, match=r"envs_per_actor=8 is the SpaceInvaders setting over the atari preset"):
-        C.build({"env": {"id": "ALE/SpaceInvaders-v5"}, "learner": {"batch_size": 12}})
+    for agent in ("vtrace", "r2d2"):
+        games = [C.build({"env": {"id": i}, "learner": {"agent": agent}}) for i in
+                 ("ALE/Pong-v5", "ALE/SpaceInvaders-v5", "SpaceInvadersNoFrameskip-v4", "ALE/Breakout-v5")]
+        assert all(g.run.preset == "atari" for g in games)
+        assert all(setting(g) == setting(games[0]) for g in games[1:]), agent
+    si = C.build({"env": {"id": "ALE/SpaceInvaders-v5"}})
+    assert (si.learner.unroll_length, si.actors.num_actors, si.env.episodic_life) == (20, 2, False)
+    example = Path(__file__).resolve().parents[2] / "examples" / "spaceinvaders-tuned.toml"
+    tuned = C.build(C.read_file(example))
+    assert tuned.env.id == "ALE/SpaceInvaders-v5" and tuned.env.episodic_life is True and tuned.run.preset == "atari"
+    assert (tuned.actors.num_actors, tuned.actors.envs_per_actor, tuned.num_buffers) == (1, 8, 1)
+    assert (tuned.learner.unroll_length, tuned.learner.batch_size, tuned.learner.minibatches) == (128, 8, 4)
+    assert tuned.learner.ppo_clip_reference == "proximal" and tuned.learner.minibatch_split == "steps"
+    assert tuned.learner.learning_rate == si.learner.learning_rate  # the rest is the preset's
+    with pytest.raises(C.ConfigError, match=r"actors.buffers_per_actor=1 is invalid.*raise it to 2"):
+        C.build(C.merge(C.read_file(example), {"learner": {"batch_size": 16}}))
 
 
 def test_a_recorded_config_reads_back_as_it_ran_not_with_newer_preset_values(tmp_path):
     """A config.json written before a field existed reads back with that field's default (how the run ran), not
-    with what today's preset or a game's own settings would set: a resumed run keeps its own setup."""
+    with what today's preset would set: a resumed run keeps its own setup."""
     from rlbalance.runtime.rundir import RunDir
 
     old = C.build({"env": {"id": "ALE/SpaceInvaders-v5"}, "run": {"preset": "atari"}}).to_dict()
-    old["env"]["episodic_life"] = False  # the preset's run of SpaceInvaders, from before the game's own settings
-    old["actors"].update(num_actors=2, envs_per_actor=16, buffers_per_actor=2)
-    old["learner"].update(unroll_length=20, batch_size=32)
+    old["env"]["episodic_life"] = True  # a run tuned apart (examples/spaceinvaders-tuned.toml) ...
+    old["actors"].update(num_actors=1, envs_per_actor=8, buffers_per_actor=1)
+    old["learner"].update(unroll_length=128, batch_size=8)
     for field in ("ppo_clip_reference", "minibatch_split"):  # fields newer than the run
         del old["learner"][field]
     (tmp_path / "config.json").write_text(json.dumps(old))
     back = RunDir(tmp_path).read_config()
     assert back.learner.ppo_clip_reference == C.LearnerConfig.ppo_clip_reference == "behaviour"
     assert back.learner.minibatch_split == C.LearnerConfig.minibatch_split
-    assert (back.env.episodic_life, back.actors.num_actors, back.learner.unroll_length) == (False, 2, 20)
+    assert (back.env.episodic_life, back.actors.num_actors, back.learner.unroll_length) == (True, 1, 128)
     assert back.run.preset == "atari" and back.learner.epochs == 4  # the recorded preset values stay
-    assert C.from_dict(C.build({"env": {"id": "ALE/SpaceInvaders-v5"}}).to_dict()).learner.unroll_length == 128
+    assert C.from_dict(C.build({"env": {"id": "ALE/SpaceInvaders-v5"}}).to_dict()).learner.unroll_length == 20
 
 
 def test_preset_none_means_no_layer_at_all_the_agents_included():
