@@ -58,18 +58,26 @@ def _shown(value) -> str:
 
 
 def default_text(sec: str, name: str, default) -> str:
-    """What a run uses for a field: the preset's value where the preset of a plain run (CartPole-v1: classic) or
-    another family's sets it, else the field's default."""
+    """What a run uses for a field, each value once: a plain run's (CartPole-v1: the classic preset's value where it
+    sets the field), another preset's where it differs from the default (presets with the same value named
+    together), and the default otherwise; 'default: X' where no preset sets another value."""
     from rlbalance.config.presets import PRESETS, resolve
 
     plain = resolve("auto", C.EnvConfig.id)
-    by_preset = {k: v[sec][name] for k, v in PRESETS.items() if name in v.get(sec, {})}
-    if not by_preset:
+    sets = {k: v[sec][name] for k, v in PRESETS.items() if name in v.get(sec, {})}
+    others = {k: v for k, v in sets.items() if k != plain and v != default}
+    if not others and sets.get(plain, default) == default:
         return f"default: {_shown(default)}"
-    first = (f"{_shown(by_preset[plain])} in a plain run ({plain} preset, {C.EnvConfig.id})" if plain in by_preset
-             else f"{_shown(default)} in a plain run ({C.EnvConfig.id})")
-    others = [f"{_shown(v)} with the {k} preset" for k, v in by_preset.items() if k != plain]
-    return "; ".join([first, *others, f"{_shown(default)} otherwise"])
+    said: dict[str, list[str]] = {}  # value -> who has it, in the order named
+    said.setdefault(_shown(sets.get(plain, default)), []).append(
+        f"in a plain run ({plain} preset, {C.EnvConfig.id})" if plain in sets else f"in a plain run ({C.EnvConfig.id})")
+    presets: dict[str, list[str]] = {}
+    for k, v in others.items():
+        presets.setdefault(_shown(v), []).append(k)
+    for v, names in presets.items():
+        said.setdefault(v, []).append(f"with the {' and '.join(names)} preset{'s' if len(names) > 1 else ''}")
+    said.setdefault(_shown(default), []).append("otherwise")
+    return "; ".join(f"{v} {' and '.join(who)}" for v, who in said.items())
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:

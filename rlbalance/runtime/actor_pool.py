@@ -87,7 +87,10 @@ class ActorPool:
     it); ``active`` actors run (all of them by default). Buffers belong to no actor for good: a free buffer goes to
     the running actor holding the fewest, up to each actor's share at the number running (``quota``)."""
 
-    def __init__(self, ctx, cfg: Config, shared: ActorShared, on_start=None, active: int | None = None):
+    def __init__(self, ctx, cfg: Config, shared: ActorShared, on_start=None, active: int | None = None,
+                 ledger: FaultLedger | None = None):
+        """``ledger``: the fault ledger of the pool this one replaces (actors built anew at other envs per actor), so
+        restarts and lost actor-seconds count over the whole run, within one actors.max_restarts."""
         self.ctx, self.cfg, self.sh = ctx, cfg, shared
         self.g = cfg.actors.env_groups
         self.central = cfg.inference.mode == "central"
@@ -97,7 +100,9 @@ class ActorPool:
         self.procs: list = [None] * self.capacity
         self.incarnation = [0] * self.capacity
         self.parent_conns: list = [None] * cfg.num_clients
-        self.ledger = FaultLedger(cfg.actors.max_restarts)
+        self.ledger = ledger if ledger is not None else FaultLedger(cfg.actors.max_restarts)
+        for actor in list(self.ledger.down):  # (an actor of the last pool still down: its time lost ends here)
+            self.ledger.back(actor)
         self._awaiting: dict[int, float] = {}  # restarted actor -> when, until its new process steps
         self.server: Any = None  # the central inference server (inference.InferenceServer): its health is the pool's
         self._last_check = time.monotonic()

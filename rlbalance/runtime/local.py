@@ -100,13 +100,10 @@ class LocalKnobs:
         self.built_envs = envs  # the envs per actor the running actors were built with
         self.actor_cpu = ProcessCpu()
         self.me = psutil.Process()
-        self.restarts = 0  # actor faults of earlier pools (the envs per actor moved)
         self.next_actors = 1  # the actors to run when the actors are built anew
 
     def bind(self, pool: ActorPool, server: InferenceServer | None) -> None:
         """The actors built (again) at ``envs`` per actor."""
-        if self.pool is not None:
-            self.restarts += self.pool.ledger.restarts
         self.pool, self.server, self.built_envs, self.next_actors = pool, server, self.envs, pool.active
         for pid in pool.pids():
             self.actor_cpu.add(pid)
@@ -139,7 +136,7 @@ class LocalKnobs:
 
     def faults(self) -> int:
         assert self.pool is not None
-        return self.restarts + self.pool.ledger.restarts
+        return self.pool.ledger.restarts  # (one ledger over every pool of the run)
 
 
 def envs_choices(cfg: Config) -> tuple[int, ...]:
@@ -200,7 +197,8 @@ def _start_actors(cfg: Config, spec: EnvSpec, learner, session: RunSession, acti
         if knobs is not None:
             knobs.actor_cpu.add(pid)
 
-    pool = ActorPool(ctx, cfg, sh, started, active=active)
+    pool = ActorPool(ctx, cfg, sh, started, active=active,
+                     ledger=knobs.pool.ledger if knobs is not None and knobs.pool is not None else None)
     session.attach_actors(pool)
     pool.start_all()
     server = None

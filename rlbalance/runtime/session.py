@@ -361,6 +361,9 @@ class Session:
     def finish(self, outcome: str) -> dict:
         self.log(final=True)
         ckpt = self.checkpoint()
+        # the bar's last word is the summary's figure: sustained FPS (since warm-up), not the last window's rate
+        fps = self.logger.sustained_sps(self.learner.steps) * self.spec.frames_per_step
+        self.progress.finish(self.learner.steps, fps, self.episodes.mean_return())
         self.progress.close()
         if self.sampler is not None:
             self.sampler.stop()

@@ -163,9 +163,16 @@ class Progress:
         self.bar.start()
 
     def update(self, steps: int, fps: float, ret: float) -> None:
+        """While the run goes: the FPS of the last metrics window (labelled as such) and the mean return."""
         if self.enabled:
             r = "n/a" if math.isnan(ret) else f"{ret:.1f}"
-            self.bar.update(self.task, completed=steps, info=f"FPS {fps:,.0f} return {r}")
+            self.bar.update(self.task, completed=steps, info=f"FPS {fps:,.0f} (last window) return {r}")
+
+    def finish(self, steps: int, sustained_fps: float, ret: float) -> None:
+        """The last line: the run's sustained FPS, the figure summary.json and the report give (``fps_sustained``)."""
+        if self.enabled:
+            r = "n/a" if math.isnan(ret) else f"{ret:.1f}"
+            self.bar.update(self.task, completed=steps, info=f"sustained FPS {sustained_fps:,.0f} return {r}")
 
     def close(self) -> None:
         if self.enabled:

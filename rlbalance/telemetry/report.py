@@ -303,6 +303,16 @@ def write_csv(run: Path, d: dict | None = None) -> None:
                        + ([f"{s['gpu_power_w']:.2f}", s["gpu_power_source"]] if gpu else []))
 
 
+def _wall(seconds) -> str | None:
+    """A run's wall time as a person reads it: '3 min 12 s (192 s)'."""
+    if not isinstance(seconds, (int, float)):
+        return None
+    m, sec = divmod(round(seconds), 60)
+    h, m = divmod(m, 60)
+    said = f"{h} h {m} min" if h else f"{m} min {sec} s" if m else f"{sec} s"
+    return f"{said} ({seconds:,.0f} s)"
+
+
 def _precision_row(choice: dict | None) -> str | None:
     """learner.torso_precision as the run resolved it on its learner device, and why (config.json's "resolved")."""
     if not choice:
@@ -324,8 +334,9 @@ def write_report(run: str | Path) -> Path:
     rows = [("outcome", s.get("outcome")), ("env", s.get("env")), ("mode", f"{s.get('mode')}, {s.get('inference')} inference"),
             ("model / device", f"{s.get('model')} on {s.get('device')}"),
             ("torso precision", _precision_row(d["config"].get("resolved", {}).get("learner"))),
-            ("env steps", s.get("steps")),
-            ("sustained FPS (env frames/s)", s.get("fps_sustained")), ("sustained SPS (env steps/s)", s.get("sps_sustained")),
+            ("env steps", f"{s['steps']:,}" if isinstance(s.get("steps"), int) else s.get("steps")),
+            ("wall time", _wall(s.get("wall_s"))),
+            ("sustained FPS (env frames/s, after warm-up)", s.get("fps_sustained")), ("sustained SPS (env steps/s)", s.get("sps_sustained")),
             ("mean return (last 100 episodes)", s.get("episode_return_last100")),
             ("CPU utilization (mean, fraction of all cores)", s.get("cpu_util_mean")),
             ("node power (W)", s.get("node_power_w")), ("FPS per watt (frames/J)", s.get("fps_per_watt")),

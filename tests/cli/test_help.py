@@ -49,6 +49,28 @@ def test_a_value_from_the_preset_is_named_as_such(capsys):
     assert "learner.minibatches=4 is the classic preset's" in err
 
 
+def test_the_help_shows_each_value_once():
+    """Issue 48 item 5: no field's help repeats one value ('1e-05 in a plain run; 1e-05 with the atari preset; 1e-05
+    otherwise' was eight options' text): presets with the same value are named together, one equal to the default is
+    not named, and where every preset keeps the default the help says just that."""
+    import dataclasses
+
+    from rlbalance.cli.options import default_text
+
+    seen = 0
+    for sec, cls in C.SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            text = default_text(sec, f.name, default)
+            if text.startswith("default: "):
+                continue
+            seen += 1
+            values = [re.split(r" (?:in a plain run|with the|otherwise)", part)[0] for part in text.split("; ")]
+            assert len(values) == len(set(values)), (sec, f.name, text)
+    assert seen >= 5  # (presets do set values that differ from the defaults)
+    assert default_text("learner", "adam_eps", C.LearnerConfig.adam_eps).count("1e-05") <= 1
+
+
 def test_the_help_shows_each_presets_value_and_no_game_of_its_own():
     from rlbalance.cli.options import default_text
 

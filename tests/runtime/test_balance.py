@@ -151,7 +151,7 @@ def test_balance_refuses_what_it_cannot_move_before_anything_starts():
         C.build({"run": {"balance": "auto"}, "learner": {"devices": 2}})
 
 
-def _pool(cfg, active):
+def _pool(cfg, active, ledger=None):
     from rlbalance.agents import registry
     from rlbalance.envs.batch import probe_spec
     from rlbalance.runtime.actor import ActorShared
@@ -167,7 +167,29 @@ def _pool(cfg, active):
         heartbeat=torch.zeros(cfg.actors.num_actors, dtype=torch.float64).share_memory_(),
         slots=None, weights=SharedWeights.allocate(model))
     sh.weights.publish(model, 0)
-    return ActorPool(mp.get_context("spawn"), cfg, sh, active=active), sh
+    return ActorPool(mp.get_context("spawn"), cfg, sh, active=active, ledger=ledger), sh
+
+
+def test_a_pool_built_anew_keeps_the_runs_fault_ledger():
+    """Actors rebuilt at other envs per actor (a balanced run's controlled restart) count their restarts and lost
+    actor-seconds with the pools before them, within one actors.max_restarts; an actor still down when its pool
+    was drained stops losing time there."""
+    import time
+
+    from rlbalance.runtime.roles import ActorFailure, FaultLedger
+
+    cfg = C.build({"env": {"id": "CartPole-v1"}, "inference": {"mode": "actor"},
+                   "actors": {"num_actors": 2, "envs_per_actor": 4, "max_restarts": 2}})
+    ledger = FaultLedger(cfg.actors.max_restarts)
+    ledger.fault(0, "exited with code -9", last_alive=time.monotonic() - 1.0)
+    pool, _ = _pool(cfg, 2, ledger)
+    assert pool.ledger is ledger and ledger.restarts == 1 and not ledger.down and ledger.lost_seconds >= 1.0
+    lost = ledger.pending_lost_seconds()
+    assert ledger.pending_lost_seconds() == lost  # (no actor counted down any more)
+    pool.ledger.fault(1, "exited with code -9", last_alive=time.monotonic())
+    with pytest.raises(ActorFailure, match="the 2 restarts allowed"):
+        pool.ledger.fault(0, "exited with code -9", last_alive=time.monotonic())
+    assert _pool(cfg, 2)[0].ledger.restarts == 0  # (a run's first pool starts its own)
 
 
 def test_the_pool_grows_and_shrinks_under_the_learner_without_losing_an_unroll(tmp_path):

@@ -42,7 +42,7 @@ def test_report_in_headless_chromium(cfg_factory, tmp_path):
         assert f'alt="{title}"' in dom, title
     assert "Bottleneck:" in dom and "modeled" in dom
     # units in the table, words in the evidence, nothing about a GPU this machine does not have
-    assert "node power (W)" in dom and "sustained FPS (env frames/s)" in dom
+    assert "node power (W)" in dom and "sustained FPS (env frames/s, after warm-up)" in dom
     assert "learner waiting for unrolls" in dom and "learner_wait_data" not in dom
     import torch
 
@@ -85,6 +85,10 @@ def test_report_cli_and_csv(cfg_factory):
     assert not os.path.exists(os.path.join(s["run_dir"], "report.html"))
     assert main(["report", s["run_dir"]]) == 0
     assert os.path.exists(os.path.join(s["run_dir"], "report.html"))
+    html = open(os.path.join(s["run_dir"], "report.html")).read()
+    # (issue 48 item 4: the wall time, the steps with separators, and which FPS the page calls sustained)
+    assert "wall time" in html and f"({s['wall_s']:,.0f} s)" in html and f"{s['steps']:,}" in html
+    assert "sustained FPS (env frames/s, after warm-up)" in html
     rows = open(os.path.join(s["run_dir"], "stage_shares.csv")).read().splitlines()
     assert rows[0] == "role,stage,stage_in_words,share" and any(r.startswith("actor,env_step,stepping envs,")
                                                                     for r in rows)

@@ -297,3 +297,20 @@ def test_role_shares_with_roles_copies_without_sharing_counters():
     assert merged.shares() == {"learner": {"fwd_bwd": 0.9}, "actor": {"env_step": 0.5}}
     merged.add("actor", {"wall_s": 2.0, "seconds": {"env_step": 1.0}, "count": {"env_step": 10}})
     assert whole.shares()["actor"] == {"env_step": 0.5}  # the source is untouched
+
+
+def test_the_progress_bar_ends_on_the_summarys_sustained_fps(cfg_factory, monkeypatch):
+    """Issue 48 item 4: while the run goes the bar shows the last window's FPS, labelled so; its last line is the
+    sustained FPS that summary.json and the report give, not a last window that may hold the shutdown."""
+    from rlbalance.telemetry.metrics import Progress
+
+    bar = Progress(100, True)
+    bar.update(50, 1988.4, float("nan"))
+    assert bar.bar.tasks[0].fields["info"] == "FPS 1,988 (last window) return n/a"
+    bar.finish(100, 11314.2, 21.5)
+    assert bar.bar.tasks[0].fields["info"] == "sustained FPS 11,314 return 21.5"
+    bar.close()
+    shown = []
+    monkeypatch.setattr(Progress, "finish", lambda self, steps, fps, ret: shown.append(fps))
+    s = train(cfg_factory(run={"total_steps": 6_000, "name": "bar"}, telemetry={"progress": True}))
+    assert len(shown) == 1 and shown[0] == pytest.approx(s["fps_sustained"], rel=1e-9) and shown[0] > 0
