@@ -63,8 +63,6 @@ class Config:
         if self.run.balance == "auto":
             _require(self.run.mode == "parallel", "run.balance", self.run.balance,
                      "moves actor processes: it needs run.mode=parallel (or set run.balance=off)")
-            _require(not self.ray.enabled, "run.balance", self.run.balance,
-                     "balances local actor processes; with ray.address set, use run.balance=off for now")
             _require(self.learner.devices == 1, "run.balance", self.run.balance,
                      "balances one learner's actors; with learner.devices > 1 use run.balance=off for now")
             _require(not self.actors.cpu_affinity, "run.balance", self.run.balance,

@@ -25,8 +25,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from types import SimpleNamespace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -34,14 +33,17 @@ import torch
 from rlbalance.agents import registry
 from rlbalance.agents.base import LearnerBase
 from rlbalance.config import Config
+from rlbalance.core.cpuinfo import usable_cpus
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
 from rlbalance.runtime.actor import UnrollWriter, unroll_base
 from rlbalance.runtime.policies import EnvStates, acting_values
 from rlbalance.runtime.actor_pool import START_TIMEOUT_S
+from rlbalance.runtime.balance import Balancer
 from rlbalance.runtime.buffers import RolloutBuffers
-from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect, worker_class
-from rlbalance.runtime.roles import FaultLedger, NodeFigures, RunSession, learn, take_inference_figures
+from rlbalance.runtime.ray_actors import RayActorSet, RayKnobs, cluster_cpus
+from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect
+from rlbalance.runtime.roles import NodeFigures, RunSession, learn, take_inference_figures
 
 # -- the learner side (the actor side, EnvWorker, is in ray_workers) ------------------------------------
 
@@ -66,52 +68,6 @@ class _Group:
         """The group's writer, which its reset made (a group steps only after it)."""
         assert self.writer is not None, "an env group is reset before it steps"
         return self.writer
-
-
-class RayActorSet:
-    """The Ray actors and their health (restarts and lost seconds in a ``FaultLedger``)."""
-
-    def __init__(self, ray, cfg: Config):
-        self.ray, self.cfg = ray, cfg
-        cls = worker_class(ray, cfg)
-        strategy = "SPREAD" if cfg.ray.placement == "spread" else "DEFAULT"
-        cfg_dict = cfg.to_dict()
-        from rlbalance.config.user_modules import user_module_dirs
-
-        dirs = user_module_dirs(cfg.env)
-        agent_module = cfg.learner.agent.partition(":")[0] if ":" in cfg.learner.agent else None
-        if agent_module:  # an agent named 'module:Agent' is imported in every worker, as env modules are
-            dirs += [d for d in user_module_dirs(SimpleNamespace(id="", imports=(agent_module,))) if d not in dirs]
-        self.handles = [cls.options(scheduling_strategy=strategy, name=None).remote(i, cfg_dict, dirs)
-                        for i in range(cfg.actors.num_actors)]
-        self.ledger = FaultLedger(cfg.actors.max_restarts, what="Ray actor")
-        self.down = self.ledger.down  # actor -> its last good reply before it failed
-        self.last_ok = [time.monotonic()] * len(self.handles)
-        self.replied = [False] * len(self.handles)  # since its (re)start: until then it is starting, not hung
-        self.placement: dict[int, dict] = {}
-
-    def failed(self, actor: int, reason: str) -> None:
-        if actor in self.down:
-            return
-        self.replied[actor] = False
-        self.ledger.fault(actor, reason, last_alive=self.last_ok[actor])
-
-    def ok(self, actor: int) -> None:
-        now = time.monotonic()
-        self.ledger.back(actor, at=now)
-        self.last_ok[actor] = now
-        self.replied[actor] = True
-
-    def kill(self, actor: int) -> None:
-        """A hung actor: Ray kills the process and restarts it."""
-        self.ray.kill(self.handles[actor], no_restart=False)
-
-    def stop(self) -> None:
-        for h in self.handles:
-            try:
-                self.ray.kill(h, no_restart=True)
-            except Exception:
-                pass
 
 
 class RayFeeder(threading.Thread):
@@ -141,6 +97,7 @@ class RayFeeder(threading.Thread):
         # central inference: every env's core state (a recurrent policy's) and acting values, on the device
         self.envs = EnvStates(learner.model, len(self.groups), self.k, device, acting_values(cfg, device))
         self.torch_threads = torch.get_num_threads()
+        self.actor_cpu_s = 0.0  # CPU seconds the actors reported using (what a self-balancing run measures)
         self.weights: tuple[int, object] | None = None  # actor mode: (version, object ref of flat params)
         self._weights_lock = threading.Lock()
         self.messages = 0
@@ -166,6 +123,29 @@ class RayFeeder(threading.Thread):
     def stop(self) -> None:
         self.stop_event.set()
 
+    def set_layout(self, max_wait_ms: float, torch_threads: int) -> None:
+        """Move the feeder's wait for a fuller batch and its thread's torch threads (applied at its next round)."""
+        self.max_wait, self.torch_threads = max_wait_ms / 1000.0, torch_threads
+
+    def _report(self, report: dict | None) -> None:
+        if report is not None:
+            self.actor_cpu_s += report.get("cpu_s", 0.0)
+            self.stats_q.put(report)
+
+    def _retire_idle(self) -> None:
+        """End each retiring actor whose groups have no call out; a buffer one of them holds without an unroll
+        under way (its actor failed, or its call was never sent) goes back."""
+        for a in list(self.actors.retiring):
+            groups = [g for g in self.groups if g.actor == a]
+            if any(g.ref is not None or (self.central and g.writer is not None and g.buffer >= 0) for g in groups):
+                continue
+            for g in groups:
+                if g.buffer >= 0:
+                    self.free_q.put(g.buffer)
+                    g.buffer = -1
+                g.writer, g.version = None, -1
+            self.actors.retire(a)
+
     def raise_error(self) -> None:
         """Surface an error of the feeder thread in the learner loop."""
         if self.error is not None:
@@ -187,6 +167,8 @@ class RayFeeder(threading.Thread):
     def _take_buffer(self, g: _Group) -> bool:
         if g.buffer >= 0:
             return True
+        if not self.actors.running(g.actor):  # (a retiring actor's group takes no new unroll)
+            return False
         try:
             g.buffer = self.free_q.get_nowait()
         except queue.Empty:
@@ -210,12 +192,16 @@ class RayFeeder(threading.Thread):
         errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
         if self.central:  # actor mode: unroll calls go out below, once a group has a free buffer
             for g in self.groups:
-                self._send_reset(g)
+                if self.actors.running(g.actor):
+                    self._send_reset(g)
         while not self.stop_event.is_set():
+            if torch.get_num_threads() != self.torch_threads:  # (set_layout)
+                torch.set_num_threads(self.torch_threads)
+            self._retire_idle()
             now = time.monotonic()
             # groups waiting to be asked again (restarting actor) or for a free buffer
             for g in self.groups:
-                if g.ref is None and now >= g.retry_at:
+                if g.ref is None and now >= g.retry_at and self.actors.running(g.actor):
                     if self.central:
                         if g.writer is None:
                             self._send_reset(g)
@@ -277,8 +263,7 @@ class RayFeeder(threading.Thread):
                 g.writer.begin(self.buffers.view(g.buffer))
             return True
         r, final, report = reply
-        if report is not None:
-            self.stats_q.put(report)
+        self._report(report)
         self.bytes += sum(x.nbytes for x in r)
         if final is not None:
             full_final = np.zeros_like(r.obs)
@@ -286,15 +271,16 @@ class RayFeeder(threading.Thread):
             final = full_final
         if g.live.record_step(r, final):
             self.full_q.put(g.buffer)
+            self.actors.delivered[g.actor] += 1
             g.buffer = -1
         return True
 
     def _on_unroll(self, g: _Group, reply) -> None:
         arrays, report = reply
-        if report is not None:
-            self.stats_q.put(report)
+        self._report(report)
         self.bytes += self.buffers.view(g.buffer).load(arrays)
         self.full_q.put(g.buffer)
+        self.actors.delivered[g.actor] += 1
         g.buffer = -1
 
     def _serve(self, answered: list[_Group]) -> None:
@@ -380,8 +366,14 @@ class RayActors:
 
 
 def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: RunSession) -> None:
-    """The parallel runner with Ray actors: the one learner loop over Ray-fed buffers."""
+    """The parallel runner with Ray actors: the one learner loop over Ray-fed buffers. With run.balance=auto the
+    actor set has room for the most actors the run may grow to (on the cluster's CPUs), and a ``Balancer`` moves the
+    actor count, the learner's threads and the feeder's wait from the learner loop."""
     ray, owned = connect(cfg)
+    active = cfg.actors.num_actors
+    if cfg.run.balance == "auto":
+        capacity = max(active, cfg.run.balance_max_actors or 2 * cluster_cpus(ray))
+        cfg = replace(cfg, actors=replace(cfg.actors, num_actors=capacity))
     k, t = cfg.actors.envs_per_actor, cfg.learner.unroll_length
     n_buf = cfg.num_buffers
     buffers = RolloutBuffers.allocate(n_buf, t, k, spec, shared=False, record=registry.step_record(cfg, spec),
@@ -391,7 +383,7 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: RunSessio
     stats_q: queue.Queue[dict] = queue.Queue()
     for i in range(n_buf):
         free_q.put(i)
-    handles = RayActorSet(ray, cfg)
+    handles = RayActorSet(ray, cfg, active)
     feeder = RayFeeder(ray, cfg, handles, buffers, free_q, full_q, stats_q, learner, session.model_lock)
     if not feeder.central:
         feeder.publish(learner.model, learner.updates)
@@ -399,8 +391,15 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: RunSessio
     session.attach_actors(actors)
     feeder.start()
     publish = None if feeder.central else (lambda: feeder.publish(learner.model, learner.updates))
+    balancer = None
+    if cfg.run.balance == "auto":
+        knobs = RayKnobs(handles, feeder, cfg.learner.torch_threads, cfg.inference.max_wait_ms)
+        balancer = Balancer(knobs, cluster_cpus(ray), cfg.run.balance_window_s, min_gain=cfg.run.balance_min_gain,
+                            max_actors=handles.capacity, max_threads=usable_cpus(),
+                            knob_names=("actors", "threads", "wait") if feeder.central else ("actors", "threads"))
+        session.attach_balancer(balancer)
     try:
-        learn(session, learner, actors, buffers, cfg.buffers_per_batch, publish)
+        learn(session, learner, actors, buffers, cfg.buffers_per_batch, publish, balancer)
     finally:
         if owned:
             ray.shutdown()
@@ -409,6 +408,8 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: RunSessio
 def _placement(ray, actors: RayActorSet) -> list[dict]:
     out = []
     for h in actors.handles:
+        if h is None:  # (a self-balancing run's actor not running at the end)
+            continue
         try:
             out.append(ray.get(h.info.remote(), timeout=5))
         except Exception as e:  # an actor still restarting or gone

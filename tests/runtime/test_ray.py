@@ -215,3 +215,99 @@ def test_sweep_and_ratio_with_ray_actors(tmp_path):
         assert s["actors_on"] == "ray" and sorted(i for n in s["nodes"].values() for i in n["actors"]) == [0, 1]
     a = analyse(rows)
     assert [p["R"] for p in a["curve"]] == [1, 2] and a["best_R_swept"] in (1, 2)
+
+
+class _ScriptedRay:
+    """Moves the Ray actor count on a script (update -> actors), to test the Ray runner's moves themselves; notes
+    each running actor's node while the most run."""
+
+    script: dict = {}
+    nodes_at = 0
+
+    def __init__(self, knobs, cores, window_s, **kw):
+        self.knobs, self.cores, self.updates, self.moves, self.seen, self.nodes = knobs, cores, 0, [], [], {}
+
+    def feed(self, role, snap):
+        pass
+
+    def step(self, steps, waited_s):
+        import dataclasses
+
+        self.updates += 1
+        a = self.knobs.actors
+        self.seen.append((self.updates, a.active, [i for i, h in enumerate(a.handles) if h is not None]))
+        if self.updates == self.nodes_at:
+            self.nodes = {i: ray.get(h.info.remote(), timeout=60)["node_id"] for i, h in enumerate(a.handles)
+                          if h is not None}
+        if self.updates in self.script:
+            self.knobs.apply(dataclasses.replace(self.knobs.layout(), actors=self.script[self.updates]))
+
+    def restart_wanted(self):
+        return False
+
+    def scalars(self):
+        return {}
+
+    def summary(self):
+        return {"final": self.knobs.layout().to_dict()}
+
+
+@pytest.mark.slow
+def test_a_balanced_ray_run_adds_actors_on_the_second_node_and_retires_them_losing_no_unroll(cluster, cfg_factory,
+                                                                                            monkeypatch):
+    """Issue 46 item 4 on Ray: from one Ray actor, two more started live (the second node takes some: the head has
+    2 CPUs), then two retired; each retired actor's env groups finish the unroll they began, every unroll made is
+    trained on (each env group's unroll numbers follow on within each of its lives), no actor fault, and the
+    retired actors' Ray processes are ended."""
+    from rlbalance.runtime import ray_runner
+    from rlbalance.runtime.buffers import RolloutBuffers
+
+    _ScriptedRay.script, _ScriptedRay.nodes_at = {4: 3, 14: 1}, 12
+    made: list[_ScriptedRay] = []
+    monkeypatch.setattr(ray_runner, "Balancer", lambda *a, **kw: made.append(_ScriptedRay(*a, **kw)) or made[-1])
+    seen: dict[int, list[int]] = {}
+    gather = RolloutBuffers.gather
+
+    def recording(self, idx):
+        out = gather(self, idx)
+        for c, u in zip(out["client"].tolist(), out["unroll"].tolist()):
+            seen.setdefault(c, []).append(u)
+        return out
+
+    monkeypatch.setattr(RolloutBuffers, "gather", recording)
+    s = train(cfg_factory(ray={"address": cluster.address}, actors={"num_actors": 1, "envs_per_actor": 4},
+                          learner={"batch_size": 8}, run={"balance": "auto", "balance_max_actors": 3,
+                                                          "total_steps": 40_000, "name": "ray-balance"},
+                          telemetry={"tensorboard": False, "report": False}))
+    assert s["outcome"] == "completed" and s["actor_restarts"] == 0 and s["actors_on"] == "ray"
+    (b,) = made
+    by_update = {u: (n, running) for u, n, running in b.seen}
+    assert by_update[3] == (1, [0]) and by_update[5][0] == 3 and by_update[13] == (3, [0, 1, 2])
+    assert b.seen[-1][1] == 1 and b.seen[-1][2] == [0]  # the two retired actors ended
+    assert sorted(b.nodes) == [0, 1, 2] and len(set(b.nodes.values())) == 2, b.nodes  # both nodes
+    assert b.cores == 4  # (the cluster's CPUs: what the balancer's CPU ceiling counts)
+    assert set(seen) >= {0, 1, 2}  # every actor's env group delivered (one group per actor)
+    for client, unrolls in seen.items():
+        for life in {u >> 40 for u in unrolls}:
+            mine = sorted(u for u in unrolls if u >> 40 == life)
+            assert mine == list(range(mine[0], mine[0] + len(mine))), (client, life, mine)
+
+
+@pytest.mark.slow
+def test_an_actor_bound_ray_run_with_balance_auto_adds_ray_actors(cluster, cfg_factory):
+    """The real controller on Ray: one Ray actor stepping an env that costs 300 us a step keeps the learner waiting
+    (actor-bound), so the first move it measures adds actors; the moves are in metrics.jsonl and the summary, and
+    balanced.json names the Ray actor count found."""
+    s = train(cfg_factory(env={"id": "synthetic", "synthetic_step_us": 300.0}, ray={"address": cluster.address},
+                          actors={"num_actors": 1, "envs_per_actor": 4}, learner={"batch_size": 8},
+                          run={"balance": "auto", "balance_window_s": 1.0, "balance_max_actors": 4,
+                               "total_steps": 10**9, "max_seconds": 45, "name": "ray-auto"},
+                          telemetry={"tensorboard": False, "report": False}))
+    assert s["outcome"] == "completed" and s["actors_on"] == "ray"
+    b = s["balance"]
+    moves = [m for m in b["moves"] if m.get("event") == "move"]
+    assert moves, b["moves"]
+    assert moves[0]["to"]["actors"] > moves[0]["from"]["actors"] and moves[0]["bound"] == "actors", moves[0]
+    recs = _records(s["run_dir"])
+    assert all("balance/actors" in r for r in recs[1:])
+    assert C.build(C.read_file(b["config_file"])).actors.num_actors == b["final"]["actors"]
