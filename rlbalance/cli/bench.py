@@ -67,8 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "runs per sweep point (default 1)")
     p.add_argument("--minutes", type=float, default=30.0, help="soak, chaos: minutes of training")
     p.add_argument("--auto-seconds", type=float, default=150.0, help="balance: seconds of each run.balance=auto run "
-                   "(its second half is measured); --seconds: of each static point (default 30), --repeats: runs a "
-                   "static point (default 1), --workloads: cartpole (default), synthetic or pong")
+                   "and of each run.balance=ga3c run beside it (its second half is measured); --seconds: of each static "
+                   "point (default 30), --repeats: runs a static point (default 1), --workloads: cartpole (default), "
+                   "synthetic or pong")
     p.add_argument("--path", choices=["local", "ray", "ddp"], default="local",
                    help="chaos: the runtime path (local actor processes; Ray actors on a two-node cluster on "
                    "127.0.0.1, a worker node killed too; two learner processes, one killed)")
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         extra = C.parse_set(args.set)
         C.build(extra)
         r = run_balance_bench(out, workload, args.auto_seconds, args.seconds or 30.0, args.repeats or 1, extra=extra)
-        worst = min(a["of_best_static"] for a in r["auto"])
+        worst = min(a["of_best_static"] for a in r["auto"] if a["method"] == "auto")
         print(f"balance {workload}: worst auto run at {worst:.0%} of the best static layout; wrote "
               f"{out / 'balance' / f'balance-{workload}.md'}")
         return 0

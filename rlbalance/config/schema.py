@@ -60,7 +60,7 @@ class Config:
             _require(not self.actors.cpu_affinity, "actors.cpu_affinity", self.actors.cpu_affinity,
                      "pins local actor processes; with ray.address, give each Ray node its CPUs "
                      "(ray start --num-cpus N) and set ray.cpus_per_actor instead")
-        if self.run.balance == "auto":
+        if self.run.balance != "off":
             _require(self.run.mode == "parallel", "run.balance", self.run.balance,
                      "moves actor processes: it needs run.mode=parallel (or set run.balance=off)")
             _require(self.learner.devices == 1, "run.balance", self.run.balance,

@@ -26,7 +26,7 @@ INFERENCE_MODES = ("central", "actor")
 MODELS = ("auto", "mlp", "nature_cnn")
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("parallel", "serial")
-BALANCE_MODES = ("off", "auto")
+BALANCE_MODES = ("off", "auto", "ga3c")
 AGENTS = ("vtrace", "r2d2")
 WANDB_MODES = ("off", "offline", "online")
 
@@ -404,8 +404,9 @@ class RunConfig:
     balance: str = _f("off", "'auto': while it trains, the run measures itself in windows and moves its layout "
                       "(actor processes, learner threads, the inference server's wait) toward the best throughput on "
                       "this machine, keeping a move only if it measures better (local actor processes, one learner; "
-                      "summary.json's balance and the run directory's balanced.json say what it found); 'off': "
-                      "the layout stays as configured.")
+                      "summary.json's balance and the run directory's balanced.json say what it found); 'ga3c': "
+                      "GA3C's method instead, as a baseline (every 20 s one knob moves one step at random, moved "
+                      "back if throughput fell); 'off': the layout stays as configured.")
     balance_window_s: float = _f(5.0, "run.balance=auto: seconds in one measured window (each layout is measured "
                                  "over 3 windows, after one to settle).")
     balance_max_actors: int = _f(0, "run.balance=auto: most actor processes it may run (0: twice the cores the run "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+from typing import Any
 
 import psutil
 import torch
@@ -16,7 +17,8 @@ from rlbalance.core.cpuinfo import usable_cpus
 from rlbalance.envs.batch import EnvBatch, EnvSpec
 from rlbalance.runtime.actor import ActorShared, Rollout, client_seed
 from rlbalance.runtime.actor_pool import ActorPool
-from rlbalance.runtime.balance import Balancer, ProcessCpu
+from rlbalance.runtime import balance_ga3c
+from rlbalance.runtime.balance import ProcessCpu
 from rlbalance.runtime.buffers import RolloutBuffers, SharedWeights, StepSlots
 from rlbalance.runtime.inference import InferenceServer
 from rlbalance.runtime.policies import DirectPolicy, LocalModel, acting_values, group_values
@@ -151,8 +153,8 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> No
     run.balance=auto the shared memory is allocated for the most actors the run may grow to, a ``Balancer`` moves
     the layout from the learner loop, and a move of the envs per actor drains the actors and builds them anew."""
     knobs: LocalKnobs | None = None
-    balancer: Balancer | None = None
-    if cfg.run.balance == "auto":
+    balancer: Any = None  # balance.Balancer, or balance_ga3c.GA3CBalancer (run.balance=ga3c)
+    if cfg.run.balance != "off":
         knobs = LocalKnobs(cfg.learner.torch_threads, cfg.inference.max_wait_ms, cfg.actors.envs_per_actor)
     active = cfg.actors.num_actors
     while True:
@@ -163,10 +165,9 @@ def run_parallel(cfg: Config, spec: EnvSpec, learner, session: RunSession) -> No
         if knobs is not None and balancer is None:
             cores = usable_cpus()
             central = server is not None
-            balancer = Balancer(knobs, cores, cfg.run.balance_window_s, min_gain=cfg.run.balance_min_gain,
-                                max_actors=pool.capacity, max_threads=cores, envs=envs_choices(cfg),
-                                knob_names=("actors", "threads", "wait", "envs") if central else
-                                ("actors", "threads", "envs"))
+            balancer = balance_ga3c.controller(cfg, knobs, cores, max_actors=pool.capacity, max_threads=cores,
+                                               envs=envs_choices(cfg), knob_names=("actors", "threads", "wait", "envs")
+                                               if central else ("actors", "threads", "envs"))
             session.attach_balancer(balancer)
         weights = sh.weights
         publish = None if weights is None else (lambda: weights.publish(learner.model, learner.updates))

@@ -39,7 +39,7 @@ from rlbalance.envs.batch import EnvSpec
 from rlbalance.runtime.actor import UnrollWriter, unroll_base
 from rlbalance.runtime.policies import EnvStates, acting_values
 from rlbalance.runtime.actor_pool import START_TIMEOUT_S
-from rlbalance.runtime.balance import Balancer
+from rlbalance.runtime import balance_ga3c
 from rlbalance.runtime.buffers import RolloutBuffers
 from rlbalance.runtime.ray_actors import RayActorSet, RayKnobs, cluster_cpus
 from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect
@@ -371,7 +371,7 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: RunSessio
     actor count, the learner's threads and the feeder's wait from the learner loop."""
     ray, owned = connect(cfg)
     active = cfg.actors.num_actors
-    if cfg.run.balance == "auto":
+    if cfg.run.balance != "off":
         capacity = max(active, cfg.run.balance_max_actors or 2 * cluster_cpus(ray))
         cfg = replace(cfg, actors=replace(cfg.actors, num_actors=capacity))
     k, t = cfg.actors.envs_per_actor, cfg.learner.unroll_length
@@ -392,11 +392,11 @@ def run_ray(cfg: Config, spec: EnvSpec, learner: LearnerBase, session: RunSessio
     feeder.start()
     publish = None if feeder.central else (lambda: feeder.publish(learner.model, learner.updates))
     balancer = None
-    if cfg.run.balance == "auto":
+    if cfg.run.balance != "off":
         knobs = RayKnobs(handles, feeder, cfg.learner.torch_threads, cfg.inference.max_wait_ms)
-        balancer = Balancer(knobs, cluster_cpus(ray), cfg.run.balance_window_s, min_gain=cfg.run.balance_min_gain,
-                            max_actors=handles.capacity, max_threads=usable_cpus(),
-                            knob_names=("actors", "threads", "wait") if feeder.central else ("actors", "threads"))
+        balancer = balance_ga3c.controller(cfg, knobs, cluster_cpus(ray), max_actors=handles.capacity,
+                                           max_threads=usable_cpus(), knob_names=("actors", "threads", "wait")
+                                           if feeder.central else ("actors", "threads"))
         session.attach_balancer(balancer)
     try:
         learn(session, learner, actors, buffers, cfg.buffers_per_batch, publish, balancer)

@@ -49,8 +49,9 @@ def balance_rows(balance: dict | None) -> list[tuple[str, str]]:
             moved = ", ".join(f"{k} {mv['from'][k]:g} -> {mv['to'][k]:g}" for k in mv["moved"])
             rows.append((f"move at {mv['t']:.0f} s: {moved}",
                          f"{mv['outcome']}: measured {sps(mv['measured_sps'])} against {sps(mv['base_sps'])} "
-                         f"({mv['gain']:+.0%}, needed {mv['margin']:+.0%}); predicted {sps(mv['predicted_sps'])}, "
-                         f"{mv['bound']}-bound"))
+                         f"({mv['gain']:+.0%}, needed {mv['margin']:+.0%}); "
+                         + (f"predicted {sps(mv['predicted_sps'])}, {mv['bound']}-bound"
+                            if mv.get("predicted_sps") is not None else mv.get("why", ""))))
         elif mv.get("event") == "recheck":
             rows.append((f"re-check at {mv['t']:.0f} s", mv["why"]))
     return rows

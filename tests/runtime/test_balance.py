@@ -98,6 +98,38 @@ def test_from_one_actor_it_adds_actors_to_the_best_layout_and_holds_it():
     json.dumps(s, allow_nan=False)  # strict JSON
 
 
+def test_the_ga3c_baseline_moves_one_knob_a_step_every_period_and_moves_back_when_throughput_fell():
+    """run.balance=ga3c (issue 46 item 6): GA3C's method on the same plant and knobs: a random one-step move every
+    20 s, kept when the period after it measured at least the period before, else moved back; its summary and moves
+    take our controller's form (the report and balanced.json read both)."""
+    from rlbalance.runtime.balance_ga3c import GA3CBalancer
+
+    plant = Plant(cores=8, per_actor=3000.0, noise=0.0)
+    plant.layout_ = Layout(1, 1, 0.0)
+    bal = GA3CBalancer(plant, max_actors=8, max_threads=2, knob_names=("actors", "threads"), seed=3,
+                       clock=lambda: plant.t)
+    plant.run(bal, 20 * 40)
+    moves = [m for m in bal.moves if m.get("event") == "move"]
+    assert len(moves) >= 25  # about one every other period (a move undone is measured a period before the next)
+    for m in moves:
+        frm, to = Layout(**m["from"]), Layout(**m["to"])
+        assert len(m["moved"]) == 1 and abs(getattr(to, m["moved"][0]) - getattr(frm, m["moved"][0])) == 1
+        assert m["outcome"] == ("kept" if m["measured_sps"] >= m["base_sps"] else "undone")
+        assert m["judged_t"] - m["t"] == pytest.approx(20.0, abs=0.6)
+    undone = [m for m in moves if m["outcome"] == "undone"]
+    pairs = set(zip(plant.applied, plant.applied[1:]))
+    assert undone and all((Layout(**m["to"]), Layout(**m["from"])) in pairs for m in undone)  # moved straight back
+    # without noise the climb reaches the learner's ceiling (4+ actors, one thread: 11,000) and never leaves it
+    assert plant.true_sps(plant.layout_) == pytest.approx(11000.0)
+    s = bal.summary()
+    assert s["method"] == "ga3c" and s["start"]["actors"] == 1 and s["final"] == plant.layout_.to_dict()
+    json.dumps(s, allow_nan=False)
+    from rlbalance.telemetry.balance_report import balance_rows
+
+    rows = balance_rows(s)
+    assert any("GA3C: one count moved" in text for _, text in rows)
+
+
 def test_a_move_that_measures_worse_is_undone_and_not_tried_again():
     plant = Plant(cores=8, per_actor=20000.0, thread_gain=0.6)  # learner-bound: a second learner thread costs 40%
     bal = make(plant, Layout(2, 1, 0.0), knob_names=("threads",))
@@ -300,11 +332,11 @@ class ScriptedBalancer:
 def test_the_runner_moves_actors_and_envs_per_actor_live_without_losing_an_unroll(cfg_factory, monkeypatch, agent):
     """Envs per actor 4 -> 8 (the actors drained and built anew), an actor more, back to 4: the run goes on, every
     unroll made is trained on, and for R2D2 the replayed Q still equals the Q the actions were chosen by."""
-    from rlbalance.runtime import local
+    from rlbalance.runtime import balance_ga3c
     from rlbalance.runtime.train import train
 
     ScriptedBalancer.script = {5: {"envs": 8}, 12: {"actors": 2}, 20: {"envs": 4}}
-    monkeypatch.setattr(local, "Balancer", ScriptedBalancer)
+    monkeypatch.setattr(balance_ga3c, "controller", lambda cfg, knobs, cores, **kw: ScriptedBalancer(knobs, cores, 0))
     extra = {"learner": {"agent": "r2d2", "learning_rate": 1e-12}} if agent == "r2d2" else {}
     s = train(cfg_factory(**C.merge({"run": {"balance": "auto", "total_steps": 30_000, "name": f"scripted-{agent}"},
                                      "actors": {"num_actors": 1, "envs_per_actor": 4},
@@ -345,3 +377,17 @@ def test_on_the_planners_model_of_other_machines_it_settles_at_the_best_actor_co
 def test_from_far_off_a_move_may_reach_the_most_actors_allowed():
     assert Layout(80, 1, 0.0) in neighbours(Layout(64, 1, 0.0), 80, 1, ("actors",))
     assert Layout(96, 1, 0.0) in neighbours(Layout(64, 1, 0.0), 200, 1, ("actors",))
+
+
+def test_the_bench_reads_when_a_run_came_within_5_percent_of_the_best_and_stayed():
+    from rlbalance.bench.balance import time_to
+
+    curve = [(t, 100.0 if t < 40 else 200.0) for t in range(0, 120, 5)] + [(125, None)]
+    assert time_to(curve, 190.0) == 40 and time_to(curve, 150.0) == 40  # where it got there, not before
+    assert time_to(curve, 250.0) is None
+    noisy = [(t, 200.0) for t in range(0, 120, 5)]
+    noisy[3] = (15, 120.0)  # one low record does not hold it back, one high one does not count alone
+    assert time_to(noisy, 190.0) == 0
+    spike = [(t, 300.0 if t == 10 else 100.0) for t in range(0, 120, 5)]
+    assert time_to(spike, 190.0) is None
+    assert time_to([(0, 300.0), (10, 300.0)], 100.0) is None  # no whole 30 s span measured

@@ -259,12 +259,13 @@ def test_a_balanced_ray_run_adds_actors_on_the_second_node_and_retires_them_losi
     2 CPUs), then two retired; each retired actor's env groups finish the unroll they began, every unroll made is
     trained on (each env group's unroll numbers follow on within each of its lives), no actor fault, and the
     retired actors' Ray processes are ended."""
-    from rlbalance.runtime import ray_runner
+    from rlbalance.runtime import balance_ga3c
     from rlbalance.runtime.buffers import RolloutBuffers
 
     _ScriptedRay.script, _ScriptedRay.nodes_at = {4: 3, 14: 1}, 12
     made: list[_ScriptedRay] = []
-    monkeypatch.setattr(ray_runner, "Balancer", lambda *a, **kw: made.append(_ScriptedRay(*a, **kw)) or made[-1])
+    monkeypatch.setattr(balance_ga3c, "controller",
+                        lambda cfg, knobs, cores, **kw: made.append(_ScriptedRay(knobs, cores, 0)) or made[-1])
     seen: dict[int, list[int]] = {}
     gather = RolloutBuffers.gather
 
