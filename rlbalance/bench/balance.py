@@ -135,8 +135,8 @@ def _table(res: dict) -> str:
              f"{res['started']}. Static points: {res['seconds_static']:g} s of training each, {res['repeats']} "
              f"run(s) a point, sustained steps/s after warm-up; balanced runs: {res['seconds_auto']:g} s, measured "
              "over their second half; *within 5% from*: the first time the run was at 95% of the best static median "
-             "or more, and the median of its next 30 s too (in balance windows, run.balance_window_s); auto = ours, ga3c = GA3C's random one-step moves every "
-             "20 s.", "",
+             "or more, and the median of its next 30 s too (in balance windows, run.balance_window_s); auto = ours, "
+             "ga3c = GA3C's random one-step moves every 20 s.", "",
              "| static layout (actors x envs, wait) | steps/s (median) |", "|---|---:|"]
     for p in sorted(res["static"], key=lambda p: -p["median"]):
         lines.append(f"| {p['actors']} x {p['envs']}, {p['wait_ms']:g} ms | {p['median']:,.0f} |")

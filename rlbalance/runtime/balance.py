@@ -52,6 +52,19 @@ class Knobs(Protocol):
         """A move that cannot be made live (the envs per actor) waits for the runner to restart the actors."""
 
 
+def layout_scalars(lay: Layout, phase: str, moves: list[dict[str, Any]]) -> dict[str, float]:
+    """A controller's layout, phase and moves made, as every metrics record has them (TensorBoard: balance/...)."""
+    return {"balance/actors": float(lay.actors), "balance/learner_threads": float(lay.threads),
+            "balance/envs_per_actor": float(lay.envs), "balance/inference_wait_ms": float(lay.wait_ms),
+            "balance/phase": float(PHASES.index(phase)),
+            "balance/moves": float(sum(1 for m in moves if m.get("event") == "move"))}
+
+
+def measured_gain(first: float | None, last: float | None, moved: bool) -> float | None:
+    """The final layout's measured throughput over the start's, less one (0 where it kept none; None unmeasured)."""
+    return (last / first - 1) if first and last and moved else (0.0 if first else None)
+
+
 class ProcessCpu:
     """CPU seconds used by a set of processes, each counted until it ends (its last reading kept), so a window's
     figure never goes backwards when an actor is retired or restarted."""
@@ -240,11 +253,7 @@ class Balancer:
     # ------------------------------------------------------------------ outputs
     def scalars(self) -> dict[str, float]:
         """The layout and the controller's phase, for every metrics record (TensorBoard: balance/...)."""
-        lay = self.knobs.layout()
-        out = {"balance/actors": float(lay.actors), "balance/learner_threads": float(lay.threads),
-               "balance/envs_per_actor": float(lay.envs),
-               "balance/inference_wait_ms": float(lay.wait_ms), "balance/phase": float(PHASES.index(self.phase)),
-               "balance/moves": float(sum(1 for m in self.moves if m.get("event") == "move"))}
+        out = layout_scalars(self.knobs.layout(), self.phase, self.moves)
         if self.prediction is not None:
             out["balance/predicted_sps"] = self.prediction.sps
         return out
@@ -258,8 +267,8 @@ class Balancer:
         last = self.measured.get(final) or self.measured_at(final)
         return {"start": self.start.to_dict(), "final": final.to_dict(), "phase": self.phase,
                 "moves": self.moves, "start_sps": first, "final_sps": last,
-                "gain": (last / first - 1) if first and last and final != self.start else (0.0 if first else None),
-                "window_s": self.window_s, "windows_per_measure": self.windows, "min_gain": self.min_gain}
+                "gain": measured_gain(first, last, final != self.start), "window_s": self.window_s,
+                "windows_per_measure": self.windows, "min_gain": self.min_gain}
 
     def measured_at(self, lay: Layout) -> float | None:
         for m in self.moves:  # the first measurement of the start layout is in the first move's base

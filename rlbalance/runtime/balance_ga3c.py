@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlbalance.runtime.balance import PHASES, Knobs
+from rlbalance.runtime.balance import Balancer, Knobs, layout_scalars, measured_gain
 from rlbalance.telemetry.balance_model import Layout
 
 
@@ -92,11 +92,7 @@ class GA3CBalancer:
         return self.knobs.restart_pending()
 
     def scalars(self) -> dict[str, float]:
-        lay = self.knobs.layout()
-        return {"balance/actors": float(lay.actors), "balance/learner_threads": float(lay.threads),
-                "balance/envs_per_actor": float(lay.envs), "balance/inference_wait_ms": float(lay.wait_ms),
-                "balance/phase": float(PHASES.index(self.phase)),
-                "balance/moves": float(sum(1 for m in self.moves if m.get("event") == "move"))}
+        return layout_scalars(self.knobs.layout(), self.phase, self.moves)
 
     def summary(self, sps_start: float | None = None) -> dict[str, Any]:
         final = self.knobs.layout()
@@ -105,16 +101,14 @@ class GA3CBalancer:
         last = self.measured.get(final)
         return {"method": "ga3c", "start": self.start.to_dict(), "final": final.to_dict(), "phase": self.phase,
                 "moves": self.moves, "start_sps": first, "final_sps": last,
-                "gain": (last / first - 1) if first and last and final != self.start else (0.0 if first else None),
-                "window_s": self.period_s, "windows_per_measure": 1, "min_gain": 0.0}
+                "gain": measured_gain(first, last, final != self.start), "window_s": self.period_s,
+                "windows_per_measure": 1, "min_gain": 0.0}
 
 
 def controller(cfg: Any, knobs: Knobs, cores: int, max_actors: int, max_threads: int,
                knob_names: tuple[str, ...], envs: tuple[int, ...] = ()) -> Any:
     """The controller ``cfg.run.balance`` names over ``knobs``: ours (``balance.Balancer``, 'auto') or GA3C's
     ('ga3c', seeded by run.seed)."""
-    from rlbalance.runtime.balance import Balancer
-
     if cfg.run.balance == "ga3c":
         return GA3CBalancer(knobs, max_actors=max_actors, max_threads=max_threads, envs=envs, knob_names=knob_names,
                             seed=cfg.run.seed)

@@ -15,6 +15,7 @@ from rlbalance.agents import registry
 from rlbalance.config import Config
 from rlbalance.runtime.buffers import SharedWeights, StepSlots
 
+
 class Policy(Protocol):
     core_in: np.ndarray | None  # a recurrent policy: the core state [K, 2, H] the last answered step started from
 
@@ -25,8 +26,6 @@ class Policy(Protocol):
     def receive(self) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
         """The answer to the last request: (actions [K], the agent's record of the step (name: [K, *shape]), policy
         version)."""
-
-
 
 
 class CentralClient:

@@ -108,11 +108,11 @@ class RayActorSet:
                 pass
 
 
-
 class RayKnobs:
+    """What a self-balancing run moves on Ray actors (``balance.Knobs``): ``actors``, the run's ``RayActorSet``;
+    ``feeder``, its ``RayFeeder`` (the actors' CPU reports and, with central inference, the batching)."""
+
     def __init__(self, actors: Any, feeder: Any, threads: int, wait_ms: float):
-        """``actors``: the run's ``RayActorSet``; ``feeder``: its ``RayFeeder`` (the actors' CPU reports and, with
-        central inference, the batching)."""
         self.actors, self.feeder = actors, feeder
         self.threads, self.wait_ms = threads, wait_ms
         self.me = psutil.Process()

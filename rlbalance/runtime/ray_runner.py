@@ -36,11 +36,11 @@ from rlbalance.config import Config
 from rlbalance.core.cpuinfo import usable_cpus
 from rlbalance.core.timing import StageTimer
 from rlbalance.envs.batch import EnvSpec
-from rlbalance.runtime.actor import UnrollWriter, unroll_base
-from rlbalance.runtime.policies import EnvStates, acting_values
-from rlbalance.runtime.actor_pool import START_TIMEOUT_S
 from rlbalance.runtime import balance_ga3c
+from rlbalance.runtime.actor import UnrollWriter, unroll_base
+from rlbalance.runtime.actor_pool import START_TIMEOUT_S
 from rlbalance.runtime.buffers import RolloutBuffers
+from rlbalance.runtime.policies import EnvStates, acting_values
 from rlbalance.runtime.ray_actors import RayActorSet, RayKnobs, cluster_cpus
 from rlbalance.runtime.ray_workers import _RETRY_S, NodeStats, connect
 from rlbalance.runtime.roles import NodeFigures, RunSession, learn, take_inference_figures

@@ -361,17 +361,16 @@ class Session:
     def finish(self, outcome: str) -> dict:
         self.log(final=True)
         ckpt = self.checkpoint()
+        steps = self.learner.steps
+        sps = self.logger.sustained_sps(steps)
         # the bar's last word is the summary's figure: sustained FPS (since warm-up), not the last window's rate
-        fps = self.logger.sustained_sps(self.learner.steps) * self.spec.frames_per_step
-        self.progress.finish(self.learner.steps, fps, self.episodes.mean_return())
+        self.progress.finish(steps, sps * self.spec.frames_per_step, self.episodes.mean_return())
         self.progress.close()
         if self.sampler is not None:
             self.sampler.stop()
         tel = self.telemetry()
         atomic_write_json(self.run.path / "telemetry.json", tel)
-        steps = self.learner.steps
         wall = time.perf_counter() - self.t_start
-        sps = self.logger.sustained_sps(steps)
         hw = tel["hardware"]
         summary = {
             "outcome": outcome, "env": self.cfg.env.id, "preset": self.cfg.run.preset, "mode": self.cfg.run.mode,
